@@ -1,0 +1,35 @@
+"""ngramspec: exact prompt-lookup (n-gram) speculative decoding for transformers.
+
+    import ngramspec
+    model, tok = ngramspec.load_model()            # SmolLM2-135M-Instruct, or any causal LM
+    spec = ngramspec.NgramSpeculator()
+    out = model.generate(input_ids, ngram_speculator=spec, max_new_tokens=256)
+    print(spec.last_stats)
+
+Importing the package lets every transformers model's ``generate`` accept
+``ngram_speculator=``; without it, ``generate`` behaves exactly as before.
+"""
+
+from .config import SpeculatorConfig
+from .hf import UnsupportedGenerationError, install, ngram_generate, uninstall
+from .metrics import DecodeStats
+from .models import ModelNotFoundError, load_model
+from .speculator import Draft, NgramSpeculator, SpeculationSession
+
+__version__ = "0.1.0"
+
+install()
+
+__all__ = [
+    "DecodeStats",
+    "Draft",
+    "ModelNotFoundError",
+    "NgramSpeculator",
+    "SpeculationSession",
+    "SpeculatorConfig",
+    "UnsupportedGenerationError",
+    "install",
+    "load_model",
+    "ngram_generate",
+    "uninstall",
+]

@@ -1,0 +1,166 @@
+"""The speculative greedy decode loop (batch of one), independent of transformers.
+
+The loop sees the target model only through two callables (``hf.py`` builds them):
+
+    forward(ids, start, keep) -> logits   ids: (1, q) token ids at stream positions
+                                          start..start+q-1, fed on top of the KV cache;
+                                          returns float logits (keep, V) of the last `keep` rows
+    crop(m)                               drop the last m entries of the KV cache
+
+Invariant between steps: the cache holds every token of ``seq`` except the last one, which
+is fed (with the draft behind it) by the next forward. So a step over [last, d1..dk] that
+keeps e new tokens leaves ``k + 1 - e`` cache entries to crop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .metrics import DecodeStats
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When generation ends, checked after every emitted token (so a stop inside an accepted
+    draft truncates exactly there). ``extra(seq_prefix) -> bool`` covers stop strings, time
+    limits and user criteria; EOS ids and the length cap are checked without it."""
+
+    max_length: int
+    eos_token_ids: frozenset = frozenset()
+    extra: Callable[[torch.Tensor], bool] | None = None
+
+    def first_stop(self, seq: torch.Tensor, start: int, tokens: list[int]) -> tuple[int, str]:
+        """Number of ``tokens`` (written at ``seq[0, start:]``) to keep, and why it stopped
+        ('' when no criterion fired and all are kept)."""
+        for j, token in enumerate(tokens):
+            length = start + j + 1
+            if token in self.eos_token_ids:
+                return j + 1, "eos"
+            if length >= self.max_length:
+                return j + 1, "max_length"
+            if self.extra is not None and self.extra(seq[:, :length]):
+                return j + 1, "criteria"
+        return len(tokens), ""
+
+
+@dataclass
+class DecodeResult:
+    sequence: torch.Tensor  # (1, prompt + new) token ids
+    stats: DecodeStats
+    scores: list = field(default_factory=list)  # processed scores (1, V) per new token, if kept
+    logits: list = field(default_factory=list)  # raw logits (1, V) per new token, if kept
+
+
+class _Buffer:
+    """Growable (1, capacity) token buffer on the model's device; ``view(n)`` is seq[:, :n]."""
+
+    def __init__(self, prompt: torch.Tensor, reserve: int):
+        self.data = torch.empty((1, prompt.shape[1] + reserve), dtype=torch.long, device=prompt.device)
+        self.data[:, : prompt.shape[1]] = prompt
+
+    def write(self, start: int, tokens) -> None:
+        end = start + len(tokens)
+        if end > self.data.shape[1]:
+            grown = torch.empty((1, 2 * end), dtype=torch.long, device=self.data.device)
+            grown[:, :start] = self.data[:, :start]
+            self.data = grown
+        self.data[0, start:end] = torch.as_tensor(tokens, dtype=torch.long).to(self.data.device, non_blocking=True)
+
+
+def speculative_greedy(
+    prompt: torch.Tensor,
+    session,
+    forward: Callable[[torch.Tensor, int, int], torch.Tensor],
+    crop: Callable[[int], None],
+    stop: StopRule,
+    process: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    streamer=None,
+    keep_scores: bool = False,
+    keep_logits: bool = False,
+) -> DecodeResult:
+    """Greedy decoding of ``prompt`` (1, P) with drafts from ``session``; returns exactly the
+    tokens plain greedy decoding would produce.
+
+    ``process(prefix, logits_row) -> scores`` applies logits processors: it is called once per
+    emitted token with the prefix that ends right before that token, as plain decoding does.
+    """
+    wall_start = time.perf_counter()
+    prompt_len = prompt.shape[1]
+    stats = DecodeStats(prompt_tokens=prompt_len)
+    result = DecodeResult(prompt, stats)
+    seq = _Buffer(prompt, reserve=min(max(stop.max_length - prompt_len, 1), 4096) + 64)
+    if streamer is not None:
+        streamer.put(prompt.cpu())
+
+    def choose(prefix_len: int, logits_row: torch.Tensor) -> int:
+        # logits_row: (1, V) float32. Greedy choice after processors, recording what is asked.
+        scores = logits_row if process is None else process(seq.data[:, :prefix_len], logits_row)
+        if keep_scores:
+            result.scores.append(scores)
+        if keep_logits:
+            result.logits.append(logits_row)
+        return int(scores.argmax(-1))
+
+    # Prefill: one forward over the prompt gives the first new token.
+    first = choose(prompt_len, forward(prompt, 0, 1)[-1:])
+    stats.record_step(0, 0)
+    emitted = [first]
+    cur_len = prompt_len  # tokens in seq before `emitted`
+    while True:
+        seq.write(cur_len, emitted)
+        kept, stats.stop_reason = stop.first_stop(seq.data, cur_len, emitted)
+        if streamer is not None:
+            streamer.put(torch.tensor(emitted[:kept]))
+        t0 = time.perf_counter()
+        session.extend(emitted[:kept])
+        stats.drafter_seconds += time.perf_counter() - t0
+        cur_len += kept
+        if stats.stop_reason:
+            # A stop inside the emitted tokens: drop cache entries of tokens that were cut,
+            # so a returned cache again holds every token but the last.
+            if kept < len(emitted):
+                crop(len(emitted) - kept)
+            break
+
+        # 1. Propose: at most budget - 1 draft tokens, since the step also emits the target's own.
+        t0 = time.perf_counter()
+        draft = session.propose(max_tokens=stop.max_length - cur_len - 1).tokens.tolist()
+        stats.drafter_seconds += time.perf_counter() - t0
+        k = len(draft)
+        seq.write(cur_len, draft)
+
+        # 2. One forward over [last, *draft] (1, k+1) -> logits (k+1, V).
+        logits = forward(seq.data[:, cur_len - 1 : cur_len + k], cur_len - 1, k + 1)
+
+        # 3. Verify: keep draft tokens while they equal the target's greedy choice.
+        if process is None and not (keep_scores or keep_logits):
+            targets = logits.argmax(-1).tolist()  # the step's one host-device sync
+            accepted = 0
+            while accepted < k and draft[accepted] == targets[accepted]:
+                accepted += 1
+            emitted = draft[:accepted] + [targets[accepted]]
+        else:  # processors need the exact prefix per position: go position by position
+            emitted = []
+            for j in range(k + 1):
+                target = choose(cur_len + j, logits[j : j + 1])
+                emitted.append(target)
+                if j == k or draft[j] != target:
+                    break
+            accepted = len(emitted) - 1
+
+        # 4. Accept: the cache holds [.., last, d1..dk]; keep last + d1..d_accepted.
+        crop(k - accepted)
+        # 5. Record stats; the new tokens are written, checked for stops and streamed above.
+        stats.record_step(k, accepted)
+
+    if streamer is not None:
+        streamer.end()
+    result.sequence = seq.data[:, :cur_len].clone()
+    stats.new_tokens = cur_len - prompt_len
+    del result.scores[stats.new_tokens :], result.logits[stats.new_tokens :]
+    stats.wall_seconds = time.perf_counter() - wall_start
+    return result

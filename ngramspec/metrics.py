@@ -1,0 +1,89 @@
+"""Per-call decoding statistics: what a speculative run did and what it cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one generate call (batch of one).
+
+    ``target_forwards`` counts every forward pass of the target model, prefill included, so
+    plain greedy decoding has ``mat == 1.0`` and ``mat`` is directly the speed-up in forwards.
+    ``drafted_at[j]``/``accepted_at[j]``: how often draft position j (0-based) was proposed and
+    accepted; their ratio is the acceptance by position.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0
+    steps_with_draft: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    drafter_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    stop_reason: str = ""
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        self.target_forwards += 1
+        if drafted == 0:
+            return
+        self.steps_with_draft += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        if len(self.drafted_at) < drafted:
+            grow = drafted - len(self.drafted_at)
+            self.drafted_at.extend([0] * grow)
+            self.accepted_at.extend([0] * grow)
+        for j in range(drafted):
+            self.drafted_at[j] += 1
+        for j in range(accepted):
+            self.accepted_at[j] += 1
+
+    @property
+    def mat(self) -> float:
+        """Mean tokens emitted per target forward (1.0 for plain decoding)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def drafter_us_per_step(self) -> float:
+        return 1e6 * self.drafter_seconds / self.target_forwards if self.target_forwards else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "target_forwards": self.target_forwards,
+            "steps_with_draft": self.steps_with_draft,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "mat": round(self.mat, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position],
+            "drafter_us_per_step": round(self.drafter_us_per_step, 2),
+            "wall_seconds": round(self.wall_seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+            "stop_reason": self.stop_reason,
+        }
+
+    def __str__(self) -> str:
+        return (
+            f"{self.new_tokens} tokens in {self.target_forwards} forwards (MAT {self.mat:.2f}), "
+            f"{self.accepted_tokens}/{self.drafted_tokens} drafted accepted, "
+            f"{self.tokens_per_second:.1f} tok/s, drafter {self.drafter_us_per_step:.1f} us/step"
+        )

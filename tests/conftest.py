@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny random causal LMs built from a config (no downloads)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tasks/, eval/ at the repo root
+
+import ngramspec  # noqa: E402  (installs the generate hook)
+
+
+def tiny_llama(vocab_size: int = 40, seed: int = 0, dtype=torch.float64):
+    """A 2-layer random Llama. float64 keeps a (k+1)-token forward and k+1 one-token forwards
+    equal far below any logit gap, so greedy comparisons are exact, not near-tie lotteries."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    # Larger weights than the init default give peaked, repetitive greedy text (drafts accepted).
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def speculator():
+    return ngramspec.NgramSpeculator()
+
+
+def plain_generate(model, ids, **kwargs):
+    """transformers' own generate, bypassing the ngramspec wrapper entirely."""
+    from transformers import GenerationMixin
+
+    original = GenerationMixin.generate._ngramspec_original
+    return original(model, ids, **kwargs)

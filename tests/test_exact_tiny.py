@@ -1,0 +1,146 @@
+"""Greedy speculative output == plain greedy output, token for token, on tiny random Llamas."""
+
+import numpy as np
+import pytest
+import torch
+
+import ngramspec
+from ngramspec import NgramSpeculator
+from ngramspec.speculator import Draft, SpeculationSession
+
+from conftest import plain_generate, tiny_llama
+
+
+def random_prompt(rng, vocab, length):
+    # Repeated phrases so that drafts come from the prompt as well as from the output.
+    phrase = rng.integers(2, vocab, size=max(2, length // 3))
+    reps = [phrase] * 3 + [rng.integers(2, vocab, size=length)]
+    return torch.tensor(np.concatenate(reps)[:length][None, :], dtype=torch.long)
+
+
+CASES = [
+    dict(min_n=1, max_n=4, max_draft_tokens=8),
+    dict(min_n=2, max_n=3, max_draft_tokens=3, match="earliest"),
+    dict(min_n=1, max_n=6, max_draft_tokens=16, draft_tokens_per_match_token=1),
+    dict(min_n=3, max_n=5, max_draft_tokens=1),
+]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_random_prompts_settings_and_lengths(tiny_model, seed, case):
+    rng = np.random.default_rng(100 * case + seed)
+    spec = NgramSpeculator(**CASES[case])
+    for _ in range(3):
+        ids = random_prompt(rng, tiny_model.config.vocab_size, int(rng.integers(1, 60)))
+        max_new = int(rng.integers(1, 80))
+        expected = plain_generate(tiny_model, ids, max_new_tokens=max_new, do_sample=False)
+        got = tiny_model.generate(ids, max_new_tokens=max_new, do_sample=False, ngram_speculator=spec)
+        assert got.tolist() == expected.tolist()
+        stats = spec.last_stats
+        assert stats.new_tokens == got.shape[1] - ids.shape[1] <= max_new
+        assert stats.target_forwards <= stats.new_tokens
+
+
+def test_drafts_are_really_used(tiny_model):
+    """The exactness tests above must exercise acceptance, not just empty drafts."""
+    rng = np.random.default_rng(7)
+    spec = NgramSpeculator()
+    ids = random_prompt(rng, tiny_model.config.vocab_size, 40)
+    tiny_model.generate(ids, max_new_tokens=120, do_sample=False, ngram_speculator=spec)
+    assert spec.last_stats.accepted_tokens > 20 and spec.last_stats.mat > 1.3
+
+
+class ScriptedSpeculator(NgramSpeculator):
+    """Proposes a scripted draft from the known greedy continuation: the true tokens (fully
+    accepted), a corrupted copy (fully rejected), or true-then-wrong (partly accepted)."""
+
+    def __init__(self, continuation, mode, k=6):
+        super().__init__()
+        self.continuation, self.mode, self.k = list(continuation), mode, k
+
+    def start(self, prompt_ids, capacity=0):
+        return ScriptedSession(self, len(prompt_ids))
+
+
+class ScriptedSession(SpeculationSession):
+    def __init__(self, spec, prompt_len):
+        self.spec, self.done = spec, 0
+
+    def propose(self, max_tokens=None):
+        k = self.spec.k if max_tokens is None else min(self.spec.k, max_tokens)
+        true = self.spec.continuation[self.done : self.done + k]
+        if self.spec.mode == "wrong":
+            true = [(t + 1) % 40 for t in true]
+        elif self.spec.mode == "half" and len(true) > 1:
+            true = true[: len(true) // 2] + [(t + 1) % 40 for t in true[len(true) // 2 :]]
+        return Draft(np.array(true, dtype=np.int32))
+
+    def extend(self, accepted_tokens):
+        self.done += len(accepted_tokens)
+
+
+@pytest.mark.parametrize("mode", ["right", "wrong", "half"])
+@pytest.mark.parametrize("max_new", [1, 2, 7, 50])
+def test_fully_accepted_rejected_and_partial_drafts(tiny_model, mode, max_new):
+    ids = torch.tensor([[0, 5, 9, 13, 5, 9]])
+    expected = plain_generate(tiny_model, ids, max_new_tokens=max_new, do_sample=False)
+    spec = ScriptedSpeculator(expected[0, ids.shape[1] :].tolist(), mode)
+    got = tiny_model.generate(ids, max_new_tokens=max_new, do_sample=False, ngram_speculator=spec)
+    assert got.tolist() == expected.tolist()
+    s = spec.last_stats
+    if mode == "right" and max_new > 2:
+        assert s.accepted_tokens == s.drafted_tokens > 0  # every draft fully accepted
+    if mode == "wrong" and max_new > 2:
+        assert s.accepted_tokens == 0 and s.drafted_tokens > 0  # every draft fully rejected
+        assert s.target_forwards == max_new
+
+
+@pytest.mark.parametrize("eos_offset", [1, 3, 5])
+def test_eos_inside_accepted_draft_stops_there(tiny_model, eos_offset):
+    ids = torch.tensor([[0, 3, 8, 3, 8, 12]])
+    reference = plain_generate(tiny_model, ids, max_new_tokens=40, do_sample=False)[0, ids.shape[1] :].tolist()
+    # Make a token that first appears at position eos_offset the EOS: plain greedy stops there.
+    eos = next(t for i, t in enumerate(reference) if i >= eos_offset and t not in reference[:i])
+    expected = plain_generate(tiny_model, ids, max_new_tokens=40, do_sample=False, eos_token_id=eos)
+    spec = ScriptedSpeculator(reference, "right", k=10)  # the draft runs past the EOS
+    got = tiny_model.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=eos, ngram_speculator=spec)
+    assert got.tolist() == expected.tolist()
+    assert got[0, -1].item() == eos and spec.last_stats.stop_reason == "eos"
+    assert spec.last_stats.accepted_tokens > 0
+
+
+def test_several_eos_ids_and_max_length(tiny_model):
+    ids = torch.tensor([[0, 4, 4, 7, 4, 4]])
+    reference = plain_generate(tiny_model, ids, max_new_tokens=30, do_sample=False)[0, ids.shape[1] :].tolist()
+    eos_ids = [reference[4], 39]
+    expected = plain_generate(tiny_model, ids, max_new_tokens=30, do_sample=False, eos_token_id=eos_ids)
+    spec = NgramSpeculator()
+    got = tiny_model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=eos_ids, ngram_speculator=spec)
+    assert got.tolist() == expected.tolist()
+    for max_length in (7, 8, 20):  # max_length counts the prompt, as in transformers
+        expected = plain_generate(tiny_model, ids, max_length=max_length, do_sample=False)
+        got = tiny_model.generate(ids, max_length=max_length, do_sample=False, ngram_speculator=spec)
+        assert got.tolist() == expected.tolist() and got.shape[1] == max_length
+
+
+def test_left_padded_prompt_with_attention_mask(tiny_model):
+    ids = torch.tensor([[1, 1, 0, 6, 2, 6, 2, 6]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
+    expected = plain_generate(tiny_model, ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
+    spec = NgramSpeculator()
+    got = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, ngram_speculator=spec)
+    assert got.tolist() == expected.tolist()
+    assert spec.last_stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_other_vocab_sizes_and_float32(seed):
+    model = tiny_llama(vocab_size=300, seed=seed, dtype=torch.float32)
+    rng = np.random.default_rng(seed)
+    spec = NgramSpeculator()
+    for _ in range(3):
+        ids = random_prompt(rng, 300, 30)
+        expected = plain_generate(model, ids, max_new_tokens=60, do_sample=False)
+        got = model.generate(ids, max_new_tokens=60, do_sample=False, ngram_speculator=spec)
+        assert got.tolist() == expected.tolist()

@@ -1,0 +1,136 @@
+"""The transformers glue: generate() unchanged without the speculator, equal with it, on every
+entry path (patched generate, custom_generate hook, from_pretrained models) and option."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GenerationMixin, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+import ngramspec
+from ngramspec import NgramSpeculator
+
+from conftest import plain_generate
+
+IDS = torch.tensor([[0, 5, 9, 13, 5, 9, 21, 5, 9]])
+
+
+def test_generate_without_speculator_is_transformers_own(tiny_model):
+    assert GenerationMixin.generate._ngramspec_original is not None
+    for kwargs in (dict(max_new_tokens=25), dict(max_new_tokens=10, num_beams=2), dict(max_new_tokens=8, do_sample=True)):
+        torch.manual_seed(0)
+        ours = tiny_model.generate(IDS, **kwargs)
+        torch.manual_seed(0)
+        theirs = plain_generate(tiny_model, IDS, **kwargs)
+        assert ours.tolist() == theirs.tolist()
+    # explicitly None is the same as absent
+    assert tiny_model.generate(IDS, max_new_tokens=5, ngram_speculator=None).tolist() == plain_generate(
+        tiny_model, IDS, max_new_tokens=5
+    ).tolist()
+
+
+def test_install_is_idempotent_and_reversible(tiny_model):
+    wrapped = GenerationMixin.generate
+    ngramspec.install()
+    assert GenerationMixin.generate is wrapped
+    ngramspec.uninstall()
+    try:
+        assert not hasattr(GenerationMixin.generate, "_ngramspec_original")
+        with pytest.raises(ValueError):  # stock transformers rejects the unknown kwarg
+            tiny_model.generate(IDS, max_new_tokens=3, ngram_speculator=NgramSpeculator())
+        # ...but the official hook still works without the wrapper
+        out = tiny_model.generate(IDS, max_new_tokens=20, custom_generate=ngramspec.ngram_generate, ngram_speculator=NgramSpeculator())
+        assert out.tolist() == tiny_model.generate(IDS, max_new_tokens=20).tolist()
+    finally:
+        ngramspec.install()
+    assert hasattr(GenerationMixin.generate, "_ngramspec_original")
+
+
+def test_custom_generate_hook(tiny_model):
+    spec = NgramSpeculator()
+    expected = plain_generate(tiny_model, IDS, max_new_tokens=40)
+    got = tiny_model.generate(IDS, max_new_tokens=40, custom_generate=ngramspec.ngram_generate, ngram_speculator=spec)
+    assert got.tolist() == expected.tolist() and spec.last_stats.accepted_tokens > 0
+
+
+def test_model_from_pretrained_folder(tiny_model, tmp_path):
+    tiny_model.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    spec = NgramSpeculator()
+    got = model.generate(IDS, max_new_tokens=40, ngram_speculator=spec)
+    assert got.tolist() == plain_generate(tiny_model, IDS, max_new_tokens=40).tolist()
+
+
+class Recorder(BaseStreamer):
+    def __init__(self):
+        self.puts, self.ends = [], 0
+
+    def put(self, value):
+        self.puts.append(value.flatten().tolist())
+
+    def end(self):
+        self.ends += 1
+
+
+def test_streamer_gets_prompt_then_every_token_once(tiny_model):
+    spec = NgramSpeculator()
+    streamer = Recorder()
+    got = tiny_model.generate(IDS, max_new_tokens=40, streamer=streamer, ngram_speculator=spec)
+    assert streamer.puts[0] == IDS[0].tolist() and streamer.ends == 1
+    streamed = [t for chunk in streamer.puts[1:] for t in chunk]
+    assert streamed == got[0, IDS.shape[1] :].tolist()
+    assert any(len(chunk) > 1 for chunk in streamer.puts[1:])  # drafts arrive as chunks
+
+
+def test_return_dict_scores_and_logits_match_plain(tiny_model):
+    kwargs = dict(max_new_tokens=30, return_dict_in_generate=True, output_scores=True, output_logits=True, repetition_penalty=1.2)
+    expected = plain_generate(tiny_model, IDS, **kwargs)
+    spec = NgramSpeculator()
+    got = tiny_model.generate(IDS, ngram_speculator=spec, **kwargs)
+    assert got.sequences.tolist() == expected.sequences.tolist()
+    assert len(got.scores) == len(expected.scores) == len(got.logits) == 30
+    for ours, theirs in zip(got.scores + got.logits, expected.scores + expected.logits):
+        torch.testing.assert_close(ours, theirs.to(ours.dtype), rtol=1e-9, atol=1e-9)
+    assert got.cache.get_seq_length() == got.sequences.shape[1] - 1  # all but the last token
+
+
+@pytest.mark.parametrize(
+    "processor_kwargs",
+    [
+        dict(repetition_penalty=1.5),
+        dict(no_repeat_ngram_size=2),
+        dict(min_new_tokens=20, eos_token_id=[1, 2, 3]),
+        dict(bad_words_ids=[[9], [13, 5]]),
+        dict(repetition_penalty=0.7, no_repeat_ngram_size=4),
+    ],
+)
+def test_logits_processors_see_the_right_prefix(tiny_model, processor_kwargs):
+    expected = plain_generate(tiny_model, IDS, max_new_tokens=50, **processor_kwargs)
+    spec = NgramSpeculator()
+    got = tiny_model.generate(IDS, max_new_tokens=50, ngram_speculator=spec, **processor_kwargs)
+    assert got.tolist() == expected.tolist()
+
+
+class StopAfterToken(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_user_stopping_criteria_inside_draft(tiny_model):
+    reference = plain_generate(tiny_model, IDS, max_new_tokens=60)[0, IDS.shape[1] :].tolist()
+    token = reference[len(reference) // 2]
+    criteria = StoppingCriteriaList([StopAfterToken(token)])
+    expected = plain_generate(tiny_model, IDS, max_new_tokens=60, stopping_criteria=criteria)
+    spec = NgramSpeculator()
+    got = tiny_model.generate(IDS, max_new_tokens=60, stopping_criteria=criteria, ngram_speculator=spec)
+    assert got.tolist() == expected.tolist() and got[0, -1].item() == token
+    assert spec.last_stats.stop_reason == "criteria"
+
+
+def test_static_cache(tiny_model):
+    expected = plain_generate(tiny_model, IDS, max_new_tokens=40, cache_implementation="static")
+    spec = NgramSpeculator()
+    got = tiny_model.generate(IDS, max_new_tokens=40, cache_implementation="static", ngram_speculator=spec)
+    assert got.tolist() == expected.tolist() and spec.last_stats.accepted_tokens > 0

@@ -1,0 +1,61 @@
+"""The Numba index must answer exactly like its pure-Python reference on any token stream."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ngramspec.index import NgramIndex, ReferenceNgramIndex
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    min_n=st.integers(1, 4),
+    extra_n=st.integers(0, 4),
+    prefer_recent=st.booleans(),
+    vocab=st.integers(1, 6),
+    chunks=st.lists(st.lists(st.integers(0, 5), max_size=7), min_size=1, max_size=25),
+    capacity=st.integers(1, 64),
+)
+def test_index_matches_reference(min_n, extra_n, prefer_recent, vocab, chunks, capacity):
+    fast = NgramIndex(min_n, min_n + extra_n, capacity=capacity, prefer_recent=prefer_recent)
+    slow = ReferenceNgramIndex(min_n, min_n + extra_n, prefer_recent=prefer_recent)
+    for chunk in chunks:
+        tokens = np.array([t % vocab for t in chunk], dtype=np.int32)
+        fast.append(tokens)
+        slow.append(tokens)
+        assert fast.longest_match() == slow.longest_match()
+    assert fast.tokens[: fast.length].tolist() == slow.tokens
+
+
+def test_worked_example_from_docstring():
+    index = NgramIndex(1, 3)
+    index.append(np.array([5, 6, 7, 5, 6], dtype=np.int32))
+    assert index.longest_match() == (2, 2)
+
+
+def test_recent_and_earliest_differ():
+    # "1 2" occurs at 0 and 3; the suffix "... 1 2" continues with 3 (earliest) or 4 (recent).
+    stream = np.array([1, 2, 3, 1, 2, 4, 1, 2], dtype=np.int32)
+    recent, earliest = NgramIndex(1, 2, prefer_recent=True), NgramIndex(1, 2, prefer_recent=False)
+    recent.append(stream)
+    earliest.append(stream)
+    assert recent.longest_match() == (2, 5)
+    assert earliest.longest_match() == (2, 2)
+
+
+def test_no_match_and_min_n():
+    index = NgramIndex(2, 3)
+    index.append(np.array([1, 2, 3, 1], dtype=np.int32))  # suffix "1" repeats, but min_n=2
+    assert index.longest_match() == (0, -1)
+    assert NgramIndex(1, 3).longest_match() == (0, -1)  # empty stream
+
+
+@pytest.mark.parametrize("length", [1_000, 100_000])
+def test_long_streams_grow_and_still_match(length):
+    rng = np.random.default_rng(length)
+    index = NgramIndex(1, 4, capacity=16)
+    stream = rng.integers(0, 50_000, size=length).astype(np.int32)
+    index.append(stream)
+    index.append(stream[100:104])  # the 4-gram at 100..103 recurs: continuation at 104
+    assert index.longest_match() == (4, 104)
