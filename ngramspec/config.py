@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 MATCH_POLICIES = ("recent", "earliest")
+
+# Cost of one forward over q tokens relative to one token: SmolLM2-135M-Instruct, fp32, torch
+# 2.13 with 2 threads on an idle 2-core AVX-512 CPU, 400 tokens of context, median of 15
+# (eval/cost_curve.py measures it for any model and device). Small matrix products (q = 2, 3)
+# are the least efficient on this BLAS, so a 5-token verify is cheaper than a 3-token one.
+CPU_VERIFY_COST = ((1, 1.0), (2, 1.6), (3, 1.85), (4, 1.43), (5, 1.3), (6, 1.41), (8, 1.4), (10, 1.57), (12, 1.53), (16, 1.6))
 
 
 @dataclass(frozen=True)
@@ -13,30 +21,45 @@ class SpeculatorConfig:
 
     Attributes:
         min_n: shortest suffix n-gram that may trigger a draft. 1 lets a single repeated token
-            propose a continuation; raise it to draft only on stronger evidence.
+            propose a continuation, which is usually wrong (one common token recurs everywhere)
+            and, on a CPU, costs a whole multi-token verify pass; 2 drafts on firmer evidence.
         max_n: longest suffix n-gram looked up. The longest match in ``[min_n, max_n]`` wins,
             because a longer shared context predicts the continuation better.
         max_draft_tokens: most tokens proposed per step (the verify pass is this plus one).
+            Measured on a 2-core CPU, verifying 5-13 tokens costs only ~1.3-1.6x one token (and
+            2-3 tokens ~1.6-1.9x: small matrix products are inefficient), so long drafts are
+            cheap where a copy is under way.
         match: which earlier occurrence of the matched n-gram to copy from: ``"recent"`` (the
             latest one; the model usually continues the text it copied last) or ``"earliest"``
             (the first one, as vLLM's proposer does).
-        draft_tokens_per_match_token: draft length grows with the evidence: a match of n tokens
-            proposes at most ``n * draft_tokens_per_match_token`` tokens (capped by
-            ``max_draft_tokens``), so a lone 1-token match risks little verification work.
-            0 turns scaling off (always ``max_draft_tokens``).
+        payoff_sizing: size each draft to maximise expected tokens per unit of verify cost,
+            using the acceptance this request has shown so far after matches of the same
+            length; a draft that is not expected to pay is not proposed (a plain step). False:
+            always draft as much as the match offers, up to ``max_draft_tokens``.
+        verify_cost: ``((q, relative_cost), ...)``, the cost of one forward over q tokens
+            relative to one token, linear in between (flat beyond the last point).
+        acceptance_prior: prior probability that a drafted token is accepted given the one
+            before it was, before a request has shown its own acceptance (weight of 2 drafts).
+        acceptance_memory: per-step decay of acceptance evidence for a match length that is
+            not being drafted, so a request drifts back to the prior and tries again.
     """
 
-    min_n: int = 1
-    max_n: int = 4
-    max_draft_tokens: int = 8
+    min_n: int = 2
+    max_n: int = 6
+    max_draft_tokens: int = 12
     match: str = "recent"
-    draft_tokens_per_match_token: int = 0
+    payoff_sizing: bool = True
+    verify_cost: tuple = CPU_VERIFY_COST
+    acceptance_prior: float = 0.5
+    acceptance_memory: float = 0.9
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
                 raise TypeError(f"SpeculatorConfig.{f.name} must be an int, got {value!r}.")
+            if f.type in ("bool", bool) and not isinstance(value, bool):
+                raise TypeError(f"SpeculatorConfig.{f.name} must be True or False, got {value!r}.")
         if self.min_n < 1:
             raise ValueError(f"min_n must be >= 1 (got {self.min_n}): an n-gram has at least one token.")
         if self.max_n < self.min_n:
@@ -52,14 +75,67 @@ class SpeculatorConfig:
             )
         if self.match not in MATCH_POLICIES:
             raise ValueError(f"match must be one of {MATCH_POLICIES}, got {self.match!r}.")
-        if self.draft_tokens_per_match_token < 0:
+        if not 0.0 < self.acceptance_prior < 1.0:
+            raise ValueError(f"acceptance_prior must be in (0, 1), got {self.acceptance_prior}.")
+        if not 0.0 <= self.acceptance_memory <= 1.0:
+            raise ValueError(f"acceptance_memory must be in [0, 1], got {self.acceptance_memory}.")
+        try:
+            points = tuple((int(q), float(c)) for q, c in self.verify_cost)
+        except (TypeError, ValueError):
             raise ValueError(
-                "draft_tokens_per_match_token must be >= 0 (0 disables scaling), got "
-                f"{self.draft_tokens_per_match_token}."
+                f"verify_cost must be ((q, cost), ...) pairs, got {self.verify_cost!r}."
+            ) from None
+        if not points or points[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(points, points[1:])):
+            raise ValueError(
+                "verify_cost must start at q=1 and list strictly increasing q, e.g. ((1, 1.0), (8, 1.5))."
             )
+        if any(c <= 0 for _, c in points):
+            raise ValueError("verify_cost values must be positive.")
+        object.__setattr__(self, "verify_cost", points)
 
-    def draft_limit(self, match_len: int) -> int:
-        """Most tokens to draft after a suffix match of ``match_len`` tokens."""
-        if self.draft_tokens_per_match_token == 0:
-            return self.max_draft_tokens
-        return min(self.max_draft_tokens, match_len * self.draft_tokens_per_match_token)
+    def verify_costs(self) -> np.ndarray:
+        """``costs[q]`` = relative cost of verifying q tokens, for q in 0..max_draft_tokens+1."""
+        qs, costs = zip(*self.verify_cost)
+        table = np.interp(np.arange(self.max_draft_tokens + 2), qs, costs)
+        table[0] = 0.0
+        return table
+
+    @classmethod
+    def parse_value(cls, name: str, text: str):
+        """Convert a command-line string to the type of field ``name`` (for CLIs)."""
+        defaults = {f.name: f.default for f in fields(cls)}
+        if name not in defaults:
+            raise ValueError(f"unknown speculator setting {name!r}; known: {', '.join(defaults)}")
+        default = defaults[name]
+        if isinstance(default, bool):
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"{name} must be true or false, got {text!r}")
+        if isinstance(default, tuple):  # verify_cost: "1:1.0,4:1.4,8:1.5"
+            try:
+                return tuple((int(q), float(c)) for q, c in (pair.split(":") for pair in text.split(",")))
+            except ValueError:
+                raise ValueError(f"{name} must look like '1:1.0,4:1.4,8:1.5', got {text!r}") from None
+        try:
+            return type(default)(text)
+        except ValueError:
+            raise ValueError(f"{name} must be a {type(default).__name__}, got {text!r}") from None
+
+    @classmethod
+    def from_overrides(cls, text: str, base: "SpeculatorConfig | None" = None) -> "SpeculatorConfig":
+        """``"min_n=1,max_draft_tokens=8"`` -> a config (``base`` or the defaults, overridden).
+        Commas inside a verify_cost value are allowed: ``verify_cost=1:1.0,8:1.5``."""
+        values, name = {}, None
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            if "=" in part:
+                name, value = (s.strip() for s in part.split("=", 1))
+                values[name] = value
+            elif name is not None:  # continuation of a comma-separated value
+                values[name] += "," + part
+            else:
+                raise ValueError(f"expected name=value in {text!r}")
+        settings = {n: cls.parse_value(n, v) for n, v in values.items()}
+        base = base or cls()
+        return cls(**{**{f.name: getattr(base, f.name) for f in fields(cls)}, **settings})

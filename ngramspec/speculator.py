@@ -59,6 +59,13 @@ class SpeculationSession:
             prefer_recent=config.match == "recent",
         )
         self.index.append(prompt)
+        # Payoff sizing: per match length n, accepted draft tokens and rejections seen so far.
+        # A drafted token is accepted with probability r = accepted / (accepted + rejected),
+        # given the one before it was (a geometric run; fully accepted drafts are censored).
+        self._costs = config.verify_costs()
+        self._accepted = np.zeros(config.max_n + 1)
+        self._rejected = np.zeros(config.max_n + 1)
+        self._pending: tuple[np.ndarray, int] | None = None  # last draft and its match length
 
     @property
     def tokens(self) -> np.ndarray:
@@ -69,20 +76,55 @@ class SpeculationSession:
 
     def propose(self, max_tokens: int | None = None) -> Draft:
         """Draft up to ``max_tokens`` (default: the config's limit) tokens to verify next."""
+        self._pending = None
         match_len, start = self.index.longest_match()
         if match_len == 0:
             return Draft(_NO_TOKENS)
-        limit = self.config.draft_limit(match_len)
+        limit = self.config.max_draft_tokens
         if max_tokens is not None:
             limit = min(limit, max_tokens)
+        if self.config.payoff_sizing and limit > 0:
+            limit = self._best_length(match_len, limit)
         if limit <= 0:
             return Draft(_NO_TOKENS, match_len=match_len, source_start=start)
-        stop = min(start + limit, self.index.length)
-        return Draft(self.index.tokens[start:stop].copy(), match_len=match_len, source_start=start)
+        # The copied span may run into the suffix itself (start + limit > length): the text
+        # is then periodic with period length - start, and the draft continues the period
+        # (a run "a b a b a" drafts "b a b a ..."), which np.resize does by repetition.
+        tokens = np.resize(self.index.tokens[start : self.index.length], limit).astype(np.int32, copy=False)
+        self._pending = (tokens, match_len)
+        return Draft(tokens, match_len=match_len, source_start=start)
+
+    def _best_length(self, match_len: int, limit: int) -> int:
+        """Draft length in [0, limit] maximising expected emitted tokens per unit verify cost:
+        (1 + r + r^2 + ... + r^k) / cost(k + 1), where a plain step scores 1 / cost(1) = 1."""
+        weight = 2.0
+        accepted = self._accepted[match_len] + weight * self.config.acceptance_prior
+        r = accepted / (accepted + self._rejected[match_len] + weight * (1 - self.config.acceptance_prior))
+        best_k, best, expected, p = 0, 1.0, 1.0, 1.0
+        for k in range(1, limit + 1):
+            p *= r
+            expected += p
+            value = expected / self._costs[k + 1]
+            if value > best:
+                best_k, best = k, value
+        if best_k == 0:  # not drafting: let old evidence fade so this match length is retried
+            self._accepted[match_len] *= self.config.acceptance_memory
+            self._rejected[match_len] *= self.config.acceptance_memory
+        return best_k
 
     def extend(self, accepted_tokens) -> None:
         """Append tokens the target emitted (accepted draft tokens plus its own next token)."""
-        self.index.append(_as_token_array(accepted_tokens))
+        tokens = _as_token_array(accepted_tokens)
+        if self._pending is not None:
+            # Learn from the last draft: how many of its tokens the target kept.
+            draft, match_len = self._pending
+            n = min(len(draft), len(tokens))
+            mismatch = np.flatnonzero(draft[:n] != tokens[:n])
+            kept = int(mismatch[0]) if mismatch.size else n
+            self._accepted[match_len] += kept
+            self._rejected[match_len] += kept < len(draft)
+            self._pending = None
+        self.index.append(tokens)
 
 
 class NgramSpeculator:

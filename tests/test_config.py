@@ -13,7 +13,12 @@ from ngramspec import NgramSpeculator, SpeculatorConfig
         ({"max_draft_tokens": 0}, "max_draft_tokens must be >= 1"),
         ({"max_draft_tokens": -3}, "max_draft_tokens must be >= 1"),
         ({"match": "leftmost"}, "match must be one of"),
-        ({"draft_tokens_per_match_token": -1}, "draft_tokens_per_match_token must be >= 0"),
+        ({"acceptance_prior": 1.0}, r"acceptance_prior must be in \(0, 1\)"),
+        ({"acceptance_memory": -0.1}, r"acceptance_memory must be in \[0, 1\]"),
+        ({"verify_cost": ((2, 1.0), (4, 2.0))}, "must start at q=1"),
+        ({"verify_cost": ((1, 1.0), (1, 2.0))}, "strictly increasing"),
+        ({"verify_cost": ((1, 1.0), (4, -2.0))}, "must be positive"),
+        ({"verify_cost": "cheap"}, r"must be \(\(q, cost\), ...\) pairs"),
         ({"max_n": 1000}, "max_n must be <= 64"),
     ],
 )
@@ -29,6 +34,8 @@ def test_non_int_settings_are_rejected():
         SpeculatorConfig(max_draft_tokens=2.5)
     with pytest.raises(TypeError, match="min_n must be an int"):
         SpeculatorConfig(min_n=True)
+    with pytest.raises(TypeError, match="payoff_sizing must be True or False"):
+        SpeculatorConfig(payoff_sizing=1)
 
 
 def test_config_is_frozen_and_overridable():
@@ -41,7 +48,19 @@ def test_config_is_frozen_and_overridable():
         NgramSpeculator({"max_n": 3})
 
 
-def test_draft_limit_scales_with_match_length():
-    config = SpeculatorConfig(max_draft_tokens=5, draft_tokens_per_match_token=2)
-    assert [config.draft_limit(n) for n in (1, 2, 3)] == [2, 4, 5]
-    assert SpeculatorConfig(max_draft_tokens=5, draft_tokens_per_match_token=0).draft_limit(1) == 5
+def test_verify_cost_table_interpolates():
+    config = SpeculatorConfig(max_draft_tokens=4, verify_cost=((1, 1.0), (3, 2.0)))
+    assert config.verify_costs().tolist() == [0.0, 1.0, 1.5, 2.0, 2.0, 2.0]
+
+
+def test_overrides_from_text():
+    config = SpeculatorConfig.from_overrides("min_n=1, payoff_sizing=false,verify_cost=1:1.0,8:1.5, match=earliest")
+    assert (config.min_n, config.payoff_sizing, config.match) == (1, False, "earliest")
+    assert config.verify_cost == ((1, 1.0), (8, 1.5))
+    assert SpeculatorConfig.from_overrides("") == SpeculatorConfig()
+    with pytest.raises(ValueError, match="unknown speculator setting 'n_max'"):
+        SpeculatorConfig.from_overrides("n_max=3")
+    with pytest.raises(ValueError, match="payoff_sizing must be true or false"):
+        SpeculatorConfig.from_overrides("payoff_sizing=maybe")
+    with pytest.raises(ValueError, match="max_n must be a int"):
+        SpeculatorConfig.from_overrides("max_n=four")

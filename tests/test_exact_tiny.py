@@ -19,9 +19,9 @@ def random_prompt(rng, vocab, length):
 
 
 CASES = [
-    dict(min_n=1, max_n=4, max_draft_tokens=8),
+    dict(min_n=1, max_n=4, max_draft_tokens=8, verify_cost=((1, 1.0), (8, 1.2))),
     dict(min_n=2, max_n=3, max_draft_tokens=3, match="earliest"),
-    dict(min_n=1, max_n=6, max_draft_tokens=16, draft_tokens_per_match_token=1),
+    dict(min_n=1, max_n=6, max_draft_tokens=16, payoff_sizing=False),
     dict(min_n=3, max_n=5, max_draft_tokens=1),
 ]
 
@@ -42,10 +42,11 @@ def test_random_prompts_settings_and_lengths(tiny_model, seed, case):
         assert stats.target_forwards <= stats.new_tokens
 
 
-def test_drafts_are_really_used(tiny_model):
+@pytest.mark.parametrize("case", range(len(CASES) - 1))
+def test_drafts_are_really_used(tiny_model, case):
     """The exactness tests above must exercise acceptance, not just empty drafts."""
     rng = np.random.default_rng(7)
-    spec = NgramSpeculator()
+    spec = NgramSpeculator(**CASES[case])
     ids = random_prompt(rng, tiny_model.config.vocab_size, 40)
     tiny_model.generate(ids, max_new_tokens=120, do_sample=False, ngram_speculator=spec)
     assert spec.last_stats.accepted_tokens > 20 and spec.last_stats.mat > 1.3

@@ -8,7 +8,7 @@ from ngramspec.replay import ForwardCost, replay
 
 
 def test_propose_copies_the_continuation():
-    spec = NgramSpeculator(min_n=1, max_n=3, max_draft_tokens=4)
+    spec = NgramSpeculator(min_n=1, max_n=3, max_draft_tokens=4, payoff_sizing=False)
     session = spec.start([10, 11, 12, 13, 14, 15, 10, 11])
     draft = session.propose()
     assert isinstance(draft, Draft) and draft.parents is None
@@ -20,17 +20,44 @@ def test_propose_copies_the_continuation():
     assert session.tokens.tolist() == [10, 11, 12, 13, 14, 15, 10, 11, 12, 99]
 
 
-def test_draft_stops_at_end_of_stream():
-    session = NgramSpeculator(max_draft_tokens=8).start([7, 8, 7])
-    assert session.propose().tokens.tolist() == [8, 7]
+def test_draft_continues_a_period_past_the_end_of_stream():
+    # "7 8 7": the suffix "7" last occurred at 0, followed by "8 7" = the suffix itself, so
+    # the text repeats with period 2 and the draft continues that period.
+    session = NgramSpeculator(min_n=1, max_draft_tokens=5, payoff_sizing=False).start([7, 8, 7])
+    assert session.propose().tokens.tolist() == [8, 7, 8, 7, 8]
+    session = NgramSpeculator(min_n=2, max_draft_tokens=4, payoff_sizing=False).start([3, 3, 3])
+    assert session.propose().tokens.tolist() == [3, 3, 3, 3]
 
 
-def test_draft_length_follows_match_length():
-    spec = NgramSpeculator(min_n=1, max_n=4, max_draft_tokens=8, draft_tokens_per_match_token=1)
-    session = spec.start([1, 2, 3, 4, 5, 6, 7, 8, 9, 3])
-    assert session.propose().tokens.tolist() == [4]  # 1-token match: one token drafted
-    session.extend([4, 5])
-    assert session.propose().tokens.tolist() == [6, 7, 8]  # 3-token match (3 4 5)
+def test_payoff_sizing_learns_from_rejections():
+    # A long repeated pattern whose continuation the "target" never follows: after a few
+    # rejected drafts, drafting stops paying and the session proposes nothing.
+    cost = ((1, 1.0), (2, 1.5), (16, 1.5))
+    spec = NgramSpeculator(min_n=2, max_draft_tokens=8, verify_cost=cost)
+    session = spec.start([1, 2, 3, 4, 5, 6, 7, 8, 9] * 2)
+    sizes = []
+    for i in range(8):
+        session.extend([1, 2])  # suffix "1 2" matches (n=2): a draft copies what followed it
+        draft = session.propose()
+        sizes.append(len(draft))
+        session.extend([100 + i])  # the target emits a new token: the first draft token fails
+    assert sizes[0] > 0 and sizes[-1] == 0
+    # ...while a target that accepts everything keeps the drafts at full length.
+    session = spec.start([1, 2, 3, 4, 5, 6, 7, 8, 9] * 2)
+    session.extend([1, 2])
+    for _ in range(5):
+        draft = session.propose()
+        assert len(draft) > 0
+        session.extend(draft.tokens.tolist() + [int(draft.tokens[-1]) % 9 + 1])
+    assert len(session.propose()) == 8
+
+
+def test_payoff_sizing_prefers_no_draft_when_verify_is_expensive():
+    spec = NgramSpeculator(verify_cost=((1, 1.0), (2, 3.0)), acceptance_prior=0.5)
+    session = spec.start([1, 2, 3, 1, 2])
+    assert len(session.propose()) == 0  # (1 + 0.5 + ...) / 3 < 1
+    free = NgramSpeculator(verify_cost=((1, 1.0), (32, 1.0))).start([1, 2, 3, 4, 5, 1, 2])
+    assert free.propose().tokens.tolist() == [3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4]  # free: take the most
 
 
 def test_session_rejects_bad_ids():
@@ -47,7 +74,7 @@ def test_replay_hand_computed():
     # suffix "5 1"? no; "1" -> drafts 2 3 4, all accepted (+target 9): emits 2 3 4 9   forwards 2
     # suffix "4 9"/"9" unseen -> empty draft, emits 1                                   forwards 3
     # suffix "9 1"? no; "1" -> drafts min(3, remaining-1=0) = nothing, emits 2           forwards 4
-    spec = NgramSpeculator(min_n=1, max_n=2, max_draft_tokens=3)
+    spec = NgramSpeculator(min_n=1, max_n=2, max_draft_tokens=3, payoff_sizing=False)
     result = replay(spec.start([1, 2, 3, 4, 5]), [1, 2, 3, 4, 9, 1, 2], cost=ForwardCost(((1, 1.0), (4, 2.0))))
     s = result.stats
     assert (s.new_tokens, s.target_forwards, s.drafted_tokens, s.accepted_tokens) == (7, 4, 3, 3)
