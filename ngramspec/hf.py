@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 
 import torch
 from transformers import GenerationMixin
@@ -26,6 +27,7 @@ from transformers.generation.stopping_criteria import (
     EosTokenCriteria,
     MaxLengthCriteria,
     StoppingCriteriaList,
+    StopStringCriteria,
 )
 
 from .decode import StopRule, speculative_greedy
@@ -219,21 +221,46 @@ def ngram_generate(
     return result.sequence
 
 
+def _route_stop_strings(model, kwargs: dict) -> None:
+    """generate() drops its ``tokenizer`` argument before calling a ``custom_generate``
+    callable, and then refuses stop strings for lack of a tokenizer. So, when the speculator
+    is used, build the stop-string criterion here and hand it over as a stopping criterion."""
+    tokenizer = kwargs.pop("tokenizer", None)
+    if "stop_strings" in kwargs:
+        stop_strings = kwargs["stop_strings"]
+    else:
+        stop_strings = (kwargs.get("generation_config") or model.generation_config).stop_strings
+    if not stop_strings:
+        return
+    if tokenizer is None:
+        _fail("stop_strings need the model's tokenizer: pass tokenizer=... to generate().")
+    if isinstance(stop_strings, str):
+        stop_strings = [stop_strings]
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    kwargs["stopping_criteria"] = criteria
+    kwargs["stop_strings"] = None  # handled by the criterion above
+
+
 def _wrap_generate(original):
+    positional = list(inspect.signature(original).parameters)[1:]  # generate's names after self
+
     @functools.wraps(original)
     def generate(self, *args, ngram_speculator=None, **kwargs):
         custom = kwargs.get("custom_generate")
         if ngram_speculator is None and custom is not ngram_generate:
             return original(self, *args, **kwargs)  # untouched: plain transformers behaviour
-        inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+        kwargs.update(zip(positional, args))
+        inputs = kwargs.get("inputs", kwargs.get("input_ids"))
         check_request(self, inputs, speculator=ngram_speculator)
         if custom is not None and custom is not ngram_generate:
             _fail("ngram_speculator cannot be combined with another custom_generate.")
         if kwargs.get("prompt_lookup_num_tokens") or kwargs.get("assistant_model") is not None:
             _fail(_ASSISTED_CONFLICT)
+        _route_stop_strings(self, kwargs)
         kwargs["custom_generate"] = ngram_generate
         kwargs["ngram_streamer"] = kwargs.pop("streamer", None)
-        return original(self, *args, ngram_speculator=ngram_speculator, **kwargs)
+        return original(self, ngram_speculator=ngram_speculator, **kwargs)
 
     generate._ngramspec_original = original
     return generate

@@ -32,6 +32,7 @@ def counted(tiny_model):
         (dict(input_ids=torch.zeros((1, 512), dtype=torch.long)), "at or beyond the model's maximum length of 512"),
         (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions/output_hidden_states"),
         (dict(custom_generate=lambda *a, **k: None), "cannot be combined with another custom_generate"),
+        (dict(stop_strings=["end"]), "stop_strings need the model's tokenizer"),
     ],
 )
 def test_unsupported_requests(counted, kwargs, message):

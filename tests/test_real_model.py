@@ -76,3 +76,19 @@ def test_greedy_identical_on_shared_items(default_model):
         warnings.warn(f"{len(near_ties)} of {sum(ITEMS.values())} outputs differ at near-ties: {near_ties}")
     print(f"\nreal model: {sum(ITEMS.values())} items, {total_new} tokens, MAT {total_new / forwards:.2f}, "
           f"{len(near_ties)} near-tie differences")
+
+
+def test_stop_string_inside_accepted_draft(default_model):
+    model, tokenizer = default_model
+    item = tasks.load_items("quixbugs", limit=1)[0]
+    ids = torch.tensor([tasks.prompt_ids(tokenizer, item)])
+    full = plain_generate(model, ids, max_new_tokens=96, do_sample=False)[0, ids.shape[1] :]
+    text = tokenizer.decode(full)
+    stop = text[len(text) // 2 : len(text) // 2 + 5]  # a string that first ends mid-output
+    assert stop.strip(), "pick a non-blank stop string"
+    kwargs = dict(max_new_tokens=96, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
+    expected = plain_generate(model, ids, **kwargs)
+    spec = NgramSpeculator()
+    got = model.generate(ids, ngram_speculator=spec, **kwargs)
+    assert got.tolist() == expected.tolist()
+    assert expected.shape[1] - ids.shape[1] < len(full) and spec.last_stats.stop_reason == "criteria"
