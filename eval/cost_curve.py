@@ -1,0 +1,68 @@
+"""Measure the verify-cost curve: one forward over q tokens relative to one token.
+
+    python -m eval.cost_curve --model default --context 400 --threads 2 --repeats 15
+
+Feeds q random tokens on top of a KV cache of ``--context`` tokens, crops them again, and
+repeats, interleaving all q values so drift hits them alike. Prints the median ratio per q and a
+``verify_cost=`` override for SpeculatorConfig (the default curve was measured this way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+import ngramspec
+
+
+def measure(model, context: int, qs: list[int], repeats: int) -> dict[int, float]:
+    device = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    cache = DynamicCache(config=model.config)
+    times: dict[int, list[float]] = {q: [] for q in qs}
+    with torch.no_grad():
+        model(input_ids=torch.randint(0, vocab, (1, context), device=device), cache=cache, logits_to_keep=1)
+        for rep in range(repeats + 2):
+            for q in qs:
+                ids = torch.randint(0, vocab, (1, q), device=device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                model(input_ids=ids, cache=cache, logits_to_keep=q).logits.argmax(-1).tolist()
+                elapsed = time.perf_counter() - start
+                cache.crop(-q)
+                if rep >= 2:  # the first two rounds warm up kernels and allocators
+                    times[q].append(elapsed)
+    base = statistics.median(times[1])
+    return {q: statistics.median(t) / base for q, t in times.items()} | {0: base}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a folder or a hub id")
+    parser.add_argument("--context", type=int, default=400, help="tokens already in the KV cache")
+    parser.add_argument("--qs", default="1,2,3,4,5,6,8,10,12,16", help="comma-separated verify sizes (must include 1)")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    qs = sorted({int(q) for q in args.qs.split(",")})
+    if qs[0] != 1:
+        parser.error("--qs must include 1 (the baseline)")
+    torch.set_num_threads(args.threads)
+    model, _ = ngramspec.load_model(args.model)
+    curve = measure(model, args.context, qs, args.repeats)
+    base = curve.pop(0)
+    print(f"model {args.model}, device {next(model.parameters()).device}, torch threads {torch.get_num_threads()}, "
+          f"context {args.context}: one-token forward {base * 1e3:.1f} ms (median of {args.repeats})")
+    for q, ratio in curve.items():
+        print(f"  q={q:3d}  {ratio:.2f}x")
+    print("verify_cost=" + ",".join(f"{q}:{r:.2f}" for q, r in curve.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
