@@ -107,7 +107,7 @@ def speculative_greedy(
 
     # Prefill: one forward over the prompt gives the first new token.
     first = choose(prompt_len, forward(prompt, 0, 1)[-1:])
-    stats.record_step(0, 0)
+    stats.record_prefill()
     emitted = [first]
     cur_len = prompt_len  # tokens in seq before `emitted`
     while True:

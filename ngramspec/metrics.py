@@ -23,12 +23,17 @@ class DecodeStats:
     accepted_tokens: int = 0
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
+    accepted_per_step: list[int] = field(default_factory=list)  # per decode forward (prefill excluded)
     drafter_seconds: float = 0.0
     wall_seconds: float = 0.0
     stop_reason: str = ""
 
+    def record_prefill(self) -> None:
+        self.target_forwards += 1
+
     def record_step(self, drafted: int, accepted: int) -> None:
         self.target_forwards += 1
+        self.accepted_per_step.append(accepted)
         if drafted == 0:
             return
         self.steps_with_draft += 1
@@ -75,7 +80,11 @@ class DecodeStats:
             "mat": round(self.mat, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position],
+            "drafted_at": list(self.drafted_at),
+            "accepted_at": list(self.accepted_at),
+            "accepted_per_step": list(self.accepted_per_step),
             "drafter_us_per_step": round(self.drafter_us_per_step, 2),
+            "drafter_seconds": self.drafter_seconds,
             "wall_seconds": round(self.wall_seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 2),
             "stop_reason": self.stop_reason,

@@ -52,7 +52,7 @@ def replay(session, output_ids, cost: ForwardCost | None = None) -> ReplayResult
     total_cost = 0.0
     if len(output) == 0:
         return ReplayResult(stats, 0.0)
-    stats.record_step(0, 0)  # prefill emits output[0]
+    stats.record_prefill()  # prefill emits output[0]
     total_cost += 1.0
     session.extend(output[:1])
     pos = 1

@@ -1,73 +1,55 @@
-"""Evaluation items from the shared data sets (one JSONL schema; see ../shared/data/README.md).
+"""The ten shared evaluation sets (one module each) and the helpers the harness uses.
 
-Every line holds at least ``id, task, source, instruction, references``. The prompt is the
-model's chat template applied to ``instruction + "\\n\\n" + source`` with the generation
-prompt added (the recipe the shared greedy traces were recorded with).
-
-The data directory comes from ``--data-dir``/``data_dir=``, else ``$NGRAMSPEC_DATA``, else
-``../shared/data`` next to the repository. Sets are read in place, never copied.
+Every item holds at least ``id, task, source, instruction, references`` (see
+../shared/data/README.md). The prompt is the model's chat template applied to
+``instruction + "\\n\\n" + source`` with the generation prompt added (the recipe the shared
+greedy traces were recorded with). Sets are read in place from the data directory (``--data-dir``/
+``data_dir=``, else ``$NGRAMSPEC_DATA``, else ``../shared/data`` next to the repository), never
+copied. ``load_items`` returns the first ``limit`` items in file order, except humanevalfix,
+which interleaves its six languages (see ``tasks.humanevalfix``).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
-FAMILIES = {
-    "summarization": ("spec_bench_cnndm", "xsum", "dialogsum", "qmsum_specific"),
-    "rewriting": ("jfleg", "asset", "iterater_human"),
-    "code_editing": ("humanevalfix", "quixbugs", "editeval_instructcoder"),
+from . import asset, cnndm, dialogsum, editeval, humanevalfix, iterater, jfleg, qmsum, quixbugs, xsum
+from .base import Hub, Task, default_data_dir, messages
+from .scoring import METRICS
+
+__all__ = [
+    "FAMILIES", "FILES", "METRICS", "TASKS", "Hub", "Task",
+    "default_data_dir", "family_of", "load_items", "messages", "prompt_ids",
+]
+
+# Family by family, so "all sets" runs summarization, then rewriting, then code editing.
+TASKS: dict[str, Task] = {
+    module.TASK.name: module.TASK
+    for module in (cnndm, xsum, dialogsum, qmsum, jfleg, asset, iterater, humanevalfix, quixbugs, editeval)
+}
+FAMILIES: dict[str, tuple[str, ...]] = {
+    family: tuple(name for name, task in TASKS.items() if task.family == family) for family in METRICS
 }
 # set name -> JSONL path relative to the data directory
-FILES = {
-    "spec_bench_cnndm": "spec_bench/spec_bench_cnndm_summarization.jsonl",
-    "xsum": "xsum/xsum.jsonl",
-    "dialogsum": "dialogsum/dialogsum.jsonl",
-    "qmsum_specific": "qmsum_specific/qmsum_specific.jsonl",
-    "jfleg": "jfleg/jfleg.jsonl",
-    "asset": "asset/asset.jsonl",
-    "iterater_human": "iterater_human/iterater_human.jsonl",
-    "humanevalfix": "humanevalfix/humanevalfix.jsonl",
-    "quixbugs": "quixbugs/quixbugs.jsonl",
-    "editeval_instructcoder": "editeval_instructcoder/editeval_instructcoder.jsonl",
-}
+FILES: dict[str, str] = {name: task.file for name, task in TASKS.items()}
 
 
-def default_data_dir() -> Path:
-    if os.environ.get("NGRAMSPEC_DATA"):
-        return Path(os.environ["NGRAMSPEC_DATA"])
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+def _task(name: str) -> Task:
+    if name not in TASKS:
+        raise KeyError(f"unknown set {name!r}; known: {sorted(TASKS)}")
+    return TASKS[name]
 
 
 def family_of(name: str) -> str:
-    for family, names in FAMILIES.items():
-        if name in names:
-            return family
-    raise KeyError(f"unknown set {name!r}; known: {sorted(FILES)}")
+    return _task(name).family
 
 
 def load_items(name: str, data_dir: str | os.PathLike | None = None, limit: int | None = None) -> list[dict]:
-    """The first ``limit`` items of set ``name`` (in file order), each a dict of the schema."""
-    if name not in FILES:
-        raise KeyError(f"unknown set {name!r}; known: {sorted(FILES)}")
-    path = Path(data_dir or default_data_dir()) / FILES[name]
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: pass the shared data directory with --data-dir or NGRAMSPEC_DATA."
-        )
-    items = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                items.append(json.loads(line))
-                if limit is not None and len(items) >= limit:
-                    break
-    return items
+    """The first ``limit`` items of set ``name``, each a dict of the schema (see ``Task.load``)."""
+    return _task(name).load(data_dir, limit)
 
 
 def prompt_ids(tokenizer, item: dict) -> list[int]:
     """Chat-template token ids for one item (instruction, blank line, source)."""
-    messages = [{"role": "user", "content": item["instruction"] + "\n\n" + item["source"]}]
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    encoded = tokenizer.apply_chat_template(messages(item), add_generation_prompt=True, return_dict=True)
     return list(encoded["input_ids"])

@@ -1,0 +1,105 @@
+"""Reference drafters for replay: the published rules of other systems, as sessions with the
+same ``propose(max_tokens)`` / ``extend(tokens)`` API as ngramspec's, so every policy is
+judged on the same traces. Plain Python on purpose: these are references, not fast paths.
+
+- transformers' prompt lookup (``PromptLookupCandidateGenerator``): n from 2 down to 1; scan
+  the whole sequence left to right; the LEFT-MOST match whose continuation is non-empty wins;
+  propose up to 10 tokens, never past the end of the text; drop candidates from the first EOS.
+- vLLM's n-gram proposer: the LONGEST suffix match with n in [min_n, max_n], at its EARLIEST
+  occurrence; propose up to k tokens, never past the end of the text.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class HFPromptLookupSession:
+    def __init__(self, prompt_ids, max_ngram: int = 2, num_tokens: int = 10, eos_token_ids=()):
+        self.tokens = [int(t) for t in prompt_ids]
+        self.max_ngram, self.num_tokens, self.eos = max_ngram, num_tokens, set(eos_token_ids)
+
+    def propose(self, max_tokens: int | None = None) -> np.ndarray:
+        tokens, length = self.tokens, len(self.tokens)
+        limit = self.num_tokens if max_tokens is None else min(self.num_tokens, max_tokens)
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            suffix = tokens[length - n :]
+            for start in range(0, length - n + 1):
+                if tokens[start : start + n] == suffix:
+                    begin, end = start + n, min(start + n + limit, length)
+                    if begin < end:
+                        draft = tokens[begin:end]
+                        for i, t in enumerate(draft):
+                            if t in self.eos:
+                                draft = draft[:i]
+                                break
+                        return np.array(draft, dtype=np.int32)
+        return np.zeros(0, dtype=np.int32)
+
+    def extend(self, accepted_tokens) -> None:
+        self.tokens.extend(int(t) for t in accepted_tokens)
+
+
+class VLLMNgramSession:
+    def __init__(self, prompt_ids, min_n: int = 1, max_n: int = 4, k: int = 5):
+        self.tokens = [int(t) for t in prompt_ids]
+        self.min_n, self.max_n, self.k = min_n, max_n, k
+
+    def propose(self, max_tokens: int | None = None) -> np.ndarray:
+        tokens, length = self.tokens, len(self.tokens)
+        limit = self.k if max_tokens is None else min(self.k, max_tokens)
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            suffix = tokens[length - n :]
+            for start in range(0, length - n):  # earlier occurrences only (not the suffix itself)
+                if tokens[start : start + n] == suffix:
+                    return np.array(tokens[start + n : min(start + n + limit, length)], dtype=np.int32)
+        return np.zeros(0, dtype=np.int32)
+
+    def extend(self, accepted_tokens) -> None:
+        self.tokens.extend(int(t) for t in accepted_tokens)
+
+
+class ReferenceDrafter:
+    """``start(prompt_ids)`` factory, like NgramSpeculator, for a reference rule."""
+
+    def __init__(self, session_class, **settings):
+        self.session_class, self.settings = session_class, settings
+
+    def start(self, prompt_ids, capacity: int = 0):
+        return _DraftAdapter(self.session_class(prompt_ids, **self.settings))
+
+
+class _DraftAdapter:
+    """Wraps a reference session so propose() returns an object with ``.tokens`` and len()."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def propose(self, max_tokens: int | None = None):
+        return _Tokens(self.session.propose(max_tokens))
+
+    def extend(self, accepted_tokens) -> None:
+        self.session.extend(accepted_tokens)
+
+
+class _Tokens:
+    def __init__(self, tokens: np.ndarray):
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def make_drafter(text: str, eos_token_ids=()):
+    """``hf-rule``, ``vllm-rule[:min_n=1,max_n=4,k=5]``, ``ngramspec[:settings]``."""
+    from ngramspec import NgramSpeculator, SpeculatorConfig
+
+    name, _, settings = text.partition(":")
+    if name == "hf-rule":
+        return ReferenceDrafter(HFPromptLookupSession, eos_token_ids=tuple(eos_token_ids))
+    if name == "vllm-rule":
+        values = dict(pair.split("=") for pair in settings.split(",") if pair)
+        return ReferenceDrafter(VLLMNgramSession, **{k: int(v) for k, v in values.items()})
+    if name == "ngramspec":
+        return NgramSpeculator(SpeculatorConfig.from_overrides(settings))
+    raise ValueError(f"unknown drafter {text!r}: use hf-rule, vllm-rule[:min_n=..,max_n=..,k=..], ngramspec[:settings]")

@@ -1,0 +1,96 @@
+"""`python -m eval replay TRACES`: drafters over recorded greedy traces, without the model.
+
+Greedy output does not depend on the drafts, so replaying a trace gives exactly the target
+forwards a real run would need. With a verify-cost curve (cost of a forward over q tokens
+relative to one token) it also estimates the wall-clock speed-up over plain decoding.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import tasks
+from ngramspec.config import CPU_VERIFY_COST
+from ngramspec.replay import ForwardCost, replay
+
+from .drafters import make_drafter
+from .methods import split_methods
+
+
+def load_traces(path) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _family(dataset: str) -> str:
+    try:
+        return tasks.family_of("spec_bench_cnndm" if dataset == "spec_bench" else dataset)
+    except KeyError:
+        return "other"
+
+
+def replay_all(traces: list[dict], drafter_names: list[str], cost: ForwardCost, eos_token_ids=()) -> dict:
+    """{drafter: {group: totals}} with groups per dataset, per family and "overall"."""
+    results = {}
+    for name in drafter_names:
+        drafter = make_drafter(name, eos_token_ids)
+        groups = defaultdict(lambda: defaultdict(float))
+        for trace in traces:
+            result = replay(drafter.start(trace["prompt_ids"]), trace["output_ids"], cost)
+            s = result.stats
+            for group in (trace["dataset"], _family(trace["dataset"]), "overall"):
+                g = groups[group]
+                g["items"] += 1
+                g["tokens"] += s.new_tokens
+                g["forwards"] += s.target_forwards
+                g["cost"] += result.cost
+                g["drafted"] += s.drafted_tokens
+                g["steps"] += max(0, s.target_forwards - 1)
+                g["drafter_s"] += s.drafter_seconds
+        results[name] = {
+            group: {
+                "items": int(g["items"]),
+                "mat": g["tokens"] / g["forwards"],
+                "mean_draft": g["drafted"] / g["steps"] if g["steps"] else 0.0,
+                "speedup": g["tokens"] / g["cost"],
+                "drafter_us_per_step": 1e6 * g["drafter_s"] / g["forwards"],
+            }
+            for group, g in groups.items()
+        }
+    return results
+
+
+def markdown(results: dict, cost: ForwardCost) -> str:
+    groups = sorted({g for r in results.values() for g in r}, key=lambda g: (g == "overall", g))
+    lines = [
+        "Cost-weighted speed-up = new tokens / sum of verify costs, with cost(q) relative to a one-token "
+        "forward: " + ", ".join(f"q={q}: {c:g}" for q, c in cost.points) + " (linear in between).",
+        "",
+        "| group | drafter | items | MAT | mean draft | cost-weighted speedup | drafter us/step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for group in groups:
+        for name, r in results.items():
+            if group in r:
+                s = r[group]
+                lines.append(f"| {group} | {name} | {s['items']} | {s['mat']:.2f} | {s['mean_draft']:.2f} | "
+                             f"{s['speedup']:.3f}x | {s['drafter_us_per_step']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    traces = load_traces(args.traces)
+    cost = ForwardCost(tuple(CPU_VERIFY_COST) if not args.cost else
+                       tuple((int(q), float(c)) for q, c in (p.split(":") for p in args.cost.split(","))))
+    names = split_methods(args.methods)
+    results = replay_all(traces, names, cost, eos_token_ids=tuple(int(t) for t in args.eos.split(",") if t))
+    text = markdown(results, cost)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".md").write_text(f"# Replay of {args.traces}\n\n" + text + "\n")
+        out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    return 0

@@ -1,0 +1,137 @@
+"""`python -m eval run`: the same items through every method, side by side, resumable, shardable.
+
+Each item runs all methods back to back (interleaved, so machine drift hits every method
+alike) after an untimed warm-up. Every finished (item, method) is appended to a JSONL file
+at once, so an interrupted run loses at most the generation in flight and a rerun with the
+same ``--out`` continues where it stopped. Under ``accelerate launch`` each process takes
+every N-th item and writes its own shard file; the main process merges them into the report:
+
+    accelerate launch --multi_gpu --num_processes 2 -m eval run --out runs/NAME ...
+
+(on a machine without CUDA this starts two CPU processes; `--cpu` would make accelerate look
+for MPI instead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+import ngramspec
+import tasks
+
+from . import report
+from .methods import ForwardCounter, generate, parse_methods
+
+RECORDS_GLOB = "items*.jsonl"
+
+
+def read_records(out_dir: Path) -> list[dict]:
+    """Every complete record in the run folder (a torn last line from a crash is skipped)."""
+    records = []
+    for path in sorted(Path(out_dir).glob(RECORDS_GLOB)):
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    return records
+
+
+def _check_meta(out_dir: Path, meta: dict) -> None:
+    """A run folder holds one comparable run: same model, token budget and methods."""
+    path = out_dir / "meta.json"
+    if path.is_file():
+        old = json.loads(path.read_text())
+        for key in ("model", "max_new_tokens", "methods"):
+            if old.get(key) != meta.get(key):
+                raise SystemExit(
+                    f"{out_dir} holds a run with {key}={old.get(key)!r}, not {meta.get(key)!r}; "
+                    "resume with the same settings or choose a new --out."
+                )
+
+
+def run(model_name, task_names, method_text, limit, max_new_tokens, out_dir, data_dir=None, threads=None, quiet=False):
+    from accelerate import PartialState
+
+    # cpu=True on a machine without CUDA: `accelerate launch --multi_gpu --num_processes N` then
+    # starts N CPU processes (gloo backend); with GPUs each process gets its own device.
+    state = PartialState(cpu=not torch.cuda.is_available())
+    rank, world = state.process_index, state.num_processes
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(threads)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    methods = parse_methods(method_text)
+    meta = {
+        "model": model_name, "tasks": task_names, "methods": [m.name for m in methods], "limit": limit,
+        "max_new_tokens": max_new_tokens, "torch_threads": threads, "processes": world,
+        "torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "configs": {m.name: repr(m.speculator.config) for m in methods if m.speculator is not None},
+    }
+    _check_meta(out_dir, meta)
+    state.wait_for_everyone()
+    if state.is_main_process:
+        (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    device = "cpu" if state.device.type == "cpu" else str(state.device)
+    model, tokenizer = ngramspec.load_model(model_name, device=device)
+    counter = ForwardCounter(model)
+    items = [(tasks.TASKS[name], item) for name in task_names for item in tasks.load_items(name, data_dir, limit)]
+    mine = items[rank::world]
+    done = {(r["task"], r["id"], r["method"]) for r in read_records(out_dir)}
+    todo = [(t, i) for t, i in mine if any((t.name, i["id"], m.name) not in done for m in methods)]
+
+    shard = out_dir / ("items.jsonl" if world == 1 else f"items.shard{rank}-of{world}.jsonl")
+    if todo:
+        warm = torch.tensor([tasks.prompt_ids(tokenizer, todo[0][1])])
+        for method in methods:  # untimed warm-up: kernels, caches, allocator
+            generate(model, counter, warm, method, 8)
+    totals = {m.name: [0, 0.0] for m in methods}  # tokens, seconds (for the live tokens/s)
+    bar = tqdm(total=len(todo), desc=f"run[{rank}]" if world > 1 else "run", unit="item", disable=quiet)
+    with open(shard, "a", encoding="utf-8") as sink:
+        for task, item in todo:
+            ids = torch.tensor([tasks.prompt_ids(tokenizer, item)])
+            for method in methods:
+                if (task.name, item["id"], method.name) in done:
+                    continue
+                gen = generate(model, counter, ids, method, max_new_tokens)
+                text = tokenizer.decode(gen.tokens, skip_special_tokens=True)
+                record = {
+                    "task": task.name, "family": task.family, "id": item["id"], "method": method.name,
+                    "prompt_tokens": ids.shape[1], "new_tokens": len(gen.tokens), "seconds": gen.seconds,
+                    "forwards": gen.forwards, "output_ids": gen.tokens, "scores": task.score(text, item),
+                    "stats": gen.stats,
+                }
+                if method.name == "greedy":
+                    record["prompt_ids"] = ids[0].tolist()  # lets the run double as a greedy trace
+                sink.write(json.dumps(record) + "\n")
+                sink.flush()
+                totals[method.name][0] += len(gen.tokens)
+                totals[method.name][1] += gen.seconds
+            bar.update(1)
+            bar.set_postfix({m: f"{t / s:.1f} tok/s" for m, (t, s) in totals.items() if s})
+    bar.close()
+    state.wait_for_everyone()
+    if state.is_main_process:
+        return report.write(out_dir, read_records(out_dir), meta)
+    return None
+
+
+def export_traces(out_dir: Path, path: Path) -> int:
+    """Write the greedy records of a run as traces: {id, dataset, prompt_ids, output_ids}."""
+    count = 0
+    with open(path, "w", encoding="utf-8") as sink:
+        for r in read_records(out_dir):
+            if r["method"] == "greedy":
+                sink.write(json.dumps({"id": f"{r['task']}/{r['id']}", "dataset": r["task"],
+                                       "prompt_ids": r["prompt_ids"], "output_ids": r["output_ids"]}) + "\n")
+                count += 1
+    return count

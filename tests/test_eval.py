@@ -1,0 +1,186 @@
+"""The evaluation harness: reference drafters, replay, method parsing, reports, resume, sharding."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tasks
+from eval import report
+from eval.drafters import HFPromptLookupSession, VLLMNgramSession, make_drafter
+from eval.methods import split_methods
+from eval.replay import replay_all
+from ngramspec.replay import ForwardCost
+
+REPO = Path(__file__).resolve().parent.parent
+HAVE_DATA = (tasks.default_data_dir() / "jfleg").is_dir()
+
+
+def test_hf_rule_takes_the_leftmost_match():
+    session = HFPromptLookupSession([1, 2, 3, 1, 2, 4, 1, 2], num_tokens=4)
+    assert session.propose().tolist() == [3, 1, 2, 4]  # "1 2" first occurs at 0
+    session.extend([9])
+    assert session.propose().tolist() == []  # neither "2 9" nor "9" occurred before
+    eos = HFPromptLookupSession([5, 6, 7, 2, 8, 5, 6], eos_token_ids=(2,))
+    assert eos.propose().tolist() == [7]  # candidates stop before the EOS
+
+
+def test_vllm_rule_takes_the_longest_then_earliest_match():
+    session = VLLMNgramSession([1, 2, 3, 9, 1, 2, 4, 7, 2, 4, 1, 2], min_n=1, max_n=3, k=3)
+    assert session.propose().tolist() == [3, 9, 1]  # "4 1 2" unseen, "1 2" earliest at 0
+    session = VLLMNgramSession([7, 8, 9, 7], min_n=2, max_n=3, k=3)
+    assert session.propose().tolist() == []  # only a 1-token match, below min_n
+
+
+def test_replay_counts_forwards_by_hand():
+    # prompt 1 2 3 4 5 1 2, greedy output 3 4 9 9 (hf-rule):
+    # prefill emits 3 (forward 1); suffix "2 3" occurred at 1 -> draft "4 5" (2 = remaining
+    # budget 3 - 1); "4" accepted, "5" rejected -> emits 4 9 (forward 2, cost(3) = 2.0);
+    # budget 1 left -> no draft, emits 9 (forward 3). MAT 4/3, cost 1 + 2 + 1.
+    trace = {"dataset": "jfleg", "prompt_ids": [1, 2, 3, 4, 5, 1, 2], "output_ids": [3, 4, 9, 9]}
+    cost = ForwardCost(((1, 1.0), (3, 2.0)))
+    result = replay_all([trace], ["hf-rule"], cost)["hf-rule"]
+    assert result["overall"]["mat"] == pytest.approx(4 / 3)
+    assert result["overall"]["speedup"] == pytest.approx(4 / (1 + 2.0 + 1))
+    assert result["rewriting"]["items"] == 1 and result["jfleg"]["mean_draft"] == pytest.approx(1.0)
+
+
+@pytest.mark.skipif(not Path("/work/shared/traces").exists() and not (REPO.parent / "shared" / "traces").is_dir(),
+                    reason="shared traces not present")
+def test_replay_of_shared_traces_reproduces_the_published_hf_rule_figure():
+    path = REPO.parent / "shared" / "traces" / "smollm2_shared_greedy.jsonl"
+    traces = [json.loads(line) for line in open(path)]
+    guide_cost = ForwardCost(((1, 1.0), (2, 1.1), (3, 1.17), (4, 1.6), (8, 1.94), (11, 2.3), (16, 2.45), (32, 2.9)))
+    overall = replay_all(traces, ["hf-rule"], guide_cost, eos_token_ids=(2,))["hf-rule"]["overall"]
+    # The drafting issue quotes MAT 2.24 and "~1.17x" for the transformers rule on this file. MAT
+    # matches to 0.01; pooled tokens / cost gives 1.23x (the harmonic mean of per-item
+    # speed-ups gives 1.15x: the quoted figure used some per-item aggregate).
+    assert overall["mat"] == pytest.approx(2.24, abs=0.01)
+    assert 1.12 < overall["speedup"] < 1.26
+
+
+def test_method_lists_keep_settings_together():
+    assert split_methods("greedy,hf-pld,ngramspec:max_n=4,min_n=1,ngramspec") == [
+        "greedy", "hf-pld", "ngramspec:max_n=4,min_n=1", "ngramspec"]
+    assert split_methods("ngramspec:verify_cost=1:1.0,8:1.5,hf-pld") == ["ngramspec:verify_cost=1:1.0,8:1.5", "hf-pld"]
+    assert make_drafter("ngramspec:max_n=3").config.max_n == 3
+    with pytest.raises(ValueError, match="unknown drafter"):
+        make_drafter("medusa")
+
+
+def _record(task, item, method, seconds, ids, forwards, family="rewriting"):
+    return {"task": task, "family": family, "id": item, "method": method, "new_tokens": len(ids),
+            "seconds": seconds, "forwards": forwards, "output_ids": ids, "scores": {"sim": 0.5},
+            "stats": {"drafted_at": [2, 1], "accepted_at": [1, 0], "accepted_per_step": [1, 0], "drafter_seconds": 1e-4}
+            if method != "greedy" else {}}
+
+
+def test_report_summary_markdown_and_plots(tmp_path):
+    records = [
+        _record("jfleg", "a", "greedy", 4.0, [1, 2, 3, 4], 4),
+        _record("jfleg", "a", "ngramspec", 2.0, [1, 2, 3, 4], 2),
+        _record("jfleg", "b", "greedy", 2.0, [5, 6], 2),
+        _record("jfleg", "b", "ngramspec", 2.0, [5, 7], 2),  # different output
+    ]
+    summary = report.write(tmp_path, records, {"model": "tiny", "max_new_tokens": 4})
+    s = summary["overall"]["ngramspec"]
+    assert s["speedup"] == pytest.approx(6.0 / 4.0) and s["identical"] == 0.5
+    assert s["mat"] == pytest.approx(6 / 4) and s["acceptance_by_position"] == [0.5, 0.0]
+    text = (tmp_path / "report.md").read_text()
+    assert "| jfleg | ngramspec | 2 |" in text and "1.50x" in text and "50%" in text
+    for name in ("speedup.png", "accepted_lengths.png", "summary.json"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+# --- end to end on a tiny random model that uses the default model's tokenizer ---------------
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from ngramspec.models import default_model_dir
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"shared data not found at {tasks.default_data_dir()}")
+
+
+@needs_data
+def test_run_resumes_after_interruption(tiny_model_dir, tmp_path, monkeypatch):
+    from eval import run as runner
+
+    class Interrupted(Exception):
+        pass
+
+    calls, interrupted = [], []
+    real_generate = runner.generate
+
+    def flaky(model, counter, ids, method, max_new_tokens):
+        if max_new_tokens > 8:  # not the warm-up
+            calls.append(method.name)
+            if len(calls) == 4 and not interrupted:
+                interrupted.append(True)
+                raise Interrupted  # the 4th timed generation dies (Ctrl-C, OOM, power...)
+        return real_generate(model, counter, ids, method, max_new_tokens)
+
+    monkeypatch.setattr(runner, "generate", flaky)
+    args = (str(tiny_model_dir), ["jfleg", "humanevalfix"], "greedy,ngramspec", 2, 12, tmp_path)
+    with pytest.raises(Interrupted):
+        runner.run(*args, quiet=True)
+    assert len(runner.read_records(tmp_path)) == 3
+    calls.clear()
+    summary = runner.run(*args, quiet=True)
+    assert len(calls) == 8 - 3  # only the unfinished (item, method) pairs ran again
+    records = runner.read_records(tmp_path)
+    assert len(records) == 8 and len({(r["task"], r["id"], r["method"]) for r in records}) == 8
+    assert summary["overall"]["ngramspec"]["identical"] == 1.0
+    assert (tmp_path / "report.md").is_file() and (tmp_path / "speedup.png").is_file()
+    # resuming with other settings is refused instead of mixing incomparable runs
+    with pytest.raises(SystemExit, match="max_new_tokens=12"):
+        runner.run(str(tiny_model_dir), ["jfleg"], "greedy,ngramspec", 2, 20, tmp_path, quiet=True)
+
+
+@needs_data
+def test_trace_then_replay_cli(tiny_model_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    traces = tmp_path / "traces.jsonl"
+    cmd = [sys.executable, "-m", "eval", "trace", "--model", str(tiny_model_dir), "--tasks", "asset",
+           "--limit", "2", "--max-new-tokens", "10", "--quiet", "--out", str(traces)]
+    subprocess.run(cmd, check=True, cwd=REPO, env=env, capture_output=True)
+    lines = [json.loads(line) for line in traces.read_text().splitlines()]
+    assert len(lines) == 2 and set(lines[0]) == {"id", "dataset", "prompt_ids", "output_ids"}
+    assert lines[0]["id"].startswith("asset/") and len(lines[0]["output_ids"]) <= 10
+    out = subprocess.run([sys.executable, "-m", "eval", "replay", str(traces), "--methods", "hf-rule,ngramspec"],
+                         check=True, cwd=REPO, env=env, capture_output=True, text=True).stdout
+    assert "| overall | hf-rule | 2 |" in out and "| overall | ngramspec | 2 |" in out
+
+
+@needs_data
+def test_accelerate_launch_two_cpu_processes(tiny_model_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    launcher = Path(sys.executable).parent / "accelerate"
+    cmd = [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "-m", "eval", "run", "--model", str(tiny_model_dir), "--tasks", "jfleg,quixbugs",
+           "--limit", "2", "--max-new-tokens", "8", "--methods", "greedy,hf-pld,ngramspec", "--quiet", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shards = sorted(p.name for p in tmp_path.glob("items*.jsonl"))
+    assert shards == ["items.shard0-of2.jsonl", "items.shard1-of2.jsonl"]
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    overall = saved["summary"]["overall"]
+    assert overall["greedy"]["items"] == 4 and saved["meta"]["processes"] == 2
+    assert overall["ngramspec"]["identical"] == 1.0 and overall["hf-pld"]["items"] == 4
