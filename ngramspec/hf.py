@@ -122,7 +122,7 @@ def check_request(model, input_ids=None, generation_config=None, model_kwargs=No
             )
 
 
-def _stop_rule(stopping_criteria: StoppingCriteriaList, eos_token_id) -> StopRule:
+def _stop_rule(stopping_criteria: StoppingCriteriaList) -> StopRule:
     """Split generate()'s stopping criteria into the loop's fast checks and a generic rest."""
     max_length, eos, rest = None, set(), StoppingCriteriaList()
     for criterion in stopping_criteria:
@@ -188,15 +188,17 @@ def ngram_generate(
             first = real_in_prompt + (start - prompt_len)
             extra["position_ids"] = torch.arange(first, first + q, device=ids.device).unsqueeze(0)
         out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep, **extra)
+        if start == 0:
+            # Sliding-window and linear-attention layers drop old states on update; recording
+            # keeps them until the next crop, so rejected draft tokens can be rolled back.
+            # (After the prefill, as generate() does: recording during it would hold it all.)
+            cache.activate_past_recording()
         return out.logits[0, -keep:].float()
 
     def crop(m: int) -> None:
         cache.crop(-m)
 
-    process = None
-    if len(logits_processor):
-        process = lambda prefix, row: logits_processor(prefix, row)  # noqa: E731
-    session = ngram_speculator.start(input_ids[0], capacity=prompt_len + min(generation_config.max_length, 1 << 16))
+    session = ngram_speculator.start(input_ids[0], capacity=min(generation_config.max_length, prompt_len + (1 << 16)))
     optimize = getattr(model, "_optimize_model_for_decode", None)
     with optimize() if optimize is not None else contextlib.nullcontext():
         result = speculative_greedy(
@@ -204,8 +206,8 @@ def ngram_generate(
             session,
             forward,
             crop,
-            _stop_rule(stopping_criteria, generation_config.eos_token_id),
-            process=process,
+            _stop_rule(stopping_criteria),
+            process=logits_processor if len(logits_processor) else None,
             streamer=ngram_streamer,
             keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
             keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits),

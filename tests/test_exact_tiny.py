@@ -145,3 +145,42 @@ def test_other_vocab_sizes_and_float32(seed):
         expected = plain_generate(model, ids, max_new_tokens=60, do_sample=False)
         got = model.generate(ids, max_new_tokens=60, do_sample=False, ngram_speculator=spec)
         assert got.tolist() == expected.tolist()
+
+
+def _tiny(arch: str):
+    """Tiny random models of other architectures (float64, no downloads)."""
+    import transformers as tf
+
+    torch.manual_seed(3)
+    if arch == "mistral-sliding-window":  # window 16 < prompt + output: sliding cache layers
+        config = tf.MistralConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
+                                  max_position_embeddings=512)
+        model = tf.MistralForCausalLM(config)
+    elif arch == "gpt2":  # learned absolute positions, fused QKV, no GQA
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=512))
+    elif arch == "qwen2":
+        config = tf.Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+        model = tf.Qwen2ForCausalLM(config)
+    model = model.to(torch.float64).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["mistral-sliding-window", "gpt2", "qwen2"])
+def test_other_architectures(arch):
+    model = _tiny(arch)
+    rng = np.random.default_rng(11)
+    spec = NgramSpeculator(**CASES[0])
+    accepted = 0
+    for _ in range(4):
+        ids = random_prompt(rng, 40, 30)
+        expected = plain_generate(model, ids, max_new_tokens=60, do_sample=False)
+        got = model.generate(ids, max_new_tokens=60, do_sample=False, ngram_speculator=spec)
+        assert got.tolist() == expected.tolist()
+        accepted += spec.last_stats.accepted_tokens
+    assert accepted > 0
