@@ -14,6 +14,7 @@ Shard a run over processes or GPUs with accelerate (items split round-robin, one
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -91,14 +92,15 @@ def main(argv=None) -> int:
         parser.error(f"unknown task(s) {unknown}; known: {', '.join(tasks.TASKS)}")
     from . import run as runner
 
+    command = "python -m eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     if args.command == "run":
         runner.run(args.model, names, args.methods, args.limit, args.max_new_tokens, args.out,
-                   args.data_dir, args.threads, args.quiet)
+                   args.data_dir, args.threads, args.quiet, command=command)
         print(f"report: {Path(args.out) / 'report.md'}")
         return 0
     run_dir = Path(args.out + ".run")
     runner.run(args.model, names, "greedy", args.limit, args.max_new_tokens, run_dir, args.data_dir,
-               args.threads, args.quiet)
+               args.threads, args.quiet, command=command)
     count = runner.export_traces(run_dir, Path(args.out))
     print(f"{count} traces written to {args.out}")
     return 0

@@ -76,7 +76,8 @@ def _fmt(value, pattern="{:.2f}", missing="-"):
 
 
 def markdown(summary: dict, meta: dict) -> str:
-    lines = [
+    lines = [f"Command: `{meta['command']}`", ""] if meta.get("command") else []
+    lines += [
         f"Model `{meta.get('model')}`, {meta.get('device', 'cpu')}, torch {meta.get('torch')} with "
         f"{meta.get('torch_threads')} threads x {meta.get('processes', 1)} process(es), "
         f"{meta.get('max_new_tokens')} new tokens, greedy, batch 1.",

@@ -56,7 +56,8 @@ def _check_meta(out_dir: Path, meta: dict) -> None:
                 )
 
 
-def run(model_name, task_names, method_text, limit, max_new_tokens, out_dir, data_dir=None, threads=None, quiet=False):
+def run(model_name, task_names, method_text, limit, max_new_tokens, out_dir, data_dir=None, threads=None, quiet=False,
+        command=None):
     from accelerate import PartialState
 
     # cpu=True on a machine without CUDA: `accelerate launch --multi_gpu --num_processes N` then
@@ -75,6 +76,7 @@ def run(model_name, task_names, method_text, limit, max_new_tokens, out_dir, dat
         "max_new_tokens": max_new_tokens, "torch_threads": threads, "processes": world,
         "torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
         "configs": {m.name: repr(m.speculator.config) for m in methods if m.speculator is not None},
+        "command": command,
     }
     _check_meta(out_dir, meta)
     state.wait_for_everyone()
