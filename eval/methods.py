@@ -21,11 +21,7 @@ HF_PLD_TOKENS = 10
 @dataclass
 class Method:
     name: str
-    speculator: NgramSpeculator | None = None
-
-    @property
-    def kind(self) -> str:
-        return "ngramspec" if self.speculator is not None else self.name
+    speculator: NgramSpeculator | None = None  # set for ngramspec methods
 
 
 def parse_method(text: str) -> Method:

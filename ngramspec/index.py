@@ -28,7 +28,6 @@ import numpy as np
 from numba import njit
 
 EMPTY = 0  # slot_n value of an unused slot (no n-gram has length 0)
-_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit(cache=True, inline="always")

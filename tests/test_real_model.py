@@ -92,3 +92,31 @@ def test_stop_string_inside_accepted_draft(default_model):
     got = model.generate(ids, ngram_speculator=spec, **kwargs)
     assert got.tolist() == expected.tolist()
     assert expected.shape[1] - ids.shape[1] < len(full) and spec.last_stats.stop_reason == "criteria"
+
+
+def test_text_streamers_stream_exactly_the_returned_text(default_model, capsys):
+    from threading import Thread
+
+    from transformers import TextIteratorStreamer, TextStreamer
+
+    model, tokenizer = default_model
+    item = tasks.load_items("iterater_human", limit=1)[0]
+    ids = torch.tensor([tasks.prompt_ids(tokenizer, item)])
+    spec = NgramSpeculator()
+
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    result = {}
+    worker = Thread(target=lambda: result.update(out=model.generate(
+        ids, max_new_tokens=96, ngram_speculator=spec, streamer=streamer)))
+    worker.start()
+    chunks = list(streamer)
+    worker.join()
+    expected_text = tokenizer.decode(result["out"][0, ids.shape[1] :], skip_special_tokens=True)
+    assert "".join(chunks) == expected_text and len(chunks) > 1
+    assert spec.last_stats.accepted_tokens > 0  # drafts arrived as multi-token chunks
+
+    capsys.readouterr()
+    out = model.generate(ids, max_new_tokens=96, ngram_speculator=spec,
+                         streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
+    printed = capsys.readouterr().out
+    assert printed.rstrip("\n") == tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).rstrip("\n")
