@@ -81,12 +81,22 @@ def speculative_greedy(
     streamer=None,
     keep_scores: bool = False,
     keep_logits: bool = False,
+    sample: bool = False,
 ) -> DecodeResult:
-    """Greedy decoding of ``prompt`` (1, P) with drafts from ``session``; returns exactly the
-    tokens plain greedy decoding would produce.
+    """Decoding of ``prompt`` (1, P) with drafts from ``session``: greedy decoding returns
+    exactly the tokens plain greedy decoding would produce; ``sample=True`` draws every token
+    from exactly the distribution plain sampling would use.
 
-    ``process(prefix, logits_row) -> scores`` applies logits processors: it is called once per
-    emitted token with the prefix that ends right before that token, as plain decoding does.
+    ``process(prefix, logits_row) -> scores`` applies logits processors (and, when sampling,
+    warpers): it is called once per emitted token with the prefix that ends right before that
+    token, as plain decoding does.
+
+    Sampling verifies by sample-and-compare: at draft position j, draw x ~ p_j; emit x; keep
+    going only if x equals the drafted token. Each emitted token is then a draw from the
+    target's distribution given the emitted prefix, so the output distribution is exactly that
+    of plain sampling; a lookup draft (a point mass on d) is accepted with probability p_j(d),
+    and on rejection x follows p_j with d removed and renormalised — standard speculative
+    sampling for a deterministic drafter.
     """
     wall_start = time.perf_counter()
     prompt_len = prompt.shape[1]
@@ -97,12 +107,15 @@ def speculative_greedy(
         streamer.put(prompt.cpu())
 
     def choose(prefix_len: int, logits_row: torch.Tensor) -> int:
-        # logits_row: (1, V) float32. Greedy choice after processors, recording what is asked.
+        # logits_row: (1, V) float32. Greedy or sampled choice after processors, recording
+        # what is asked (scores and logits of every emitted token, in order).
         scores = logits_row if process is None else process(seq.data[:, :prefix_len], logits_row)
         if keep_scores:
             result.scores.append(scores)
         if keep_logits:
             result.logits.append(logits_row)
+        if sample:
+            return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))
         return int(scores.argmax(-1))
 
     # Prefill: one forward over the prompt gives the first new token.
@@ -136,14 +149,14 @@ def speculative_greedy(
         # 2. One forward over [last, *draft] (1, k+1) -> logits (k+1, V).
         logits = forward(seq.data[:, cur_len - 1 : cur_len + k], cur_len - 1, k + 1)
 
-        # 3. Verify: keep draft tokens while they equal the target's greedy choice.
-        if process is None and not (keep_scores or keep_logits):
+        # 3. Verify: keep draft tokens while they equal the target's greedy (or sampled) choice.
+        if process is None and not (keep_scores or keep_logits or sample):
             targets = logits.argmax(-1).tolist()  # the step's one host-device sync
             accepted = 0
             while accepted < k and draft[accepted] == targets[accepted]:
                 accepted += 1
             emitted = draft[:accepted] + [targets[accepted]]
-        else:  # processors need the exact prefix per position: go position by position
+        else:  # processors and sampling need the exact prefix per position: go one by one
             emitted = []
             for j in range(k + 1):
                 target = choose(cur_len + j, logits[j : j + 1])

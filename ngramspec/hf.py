@@ -74,15 +74,10 @@ def check_request(model, input_ids=None, generation_config=None, model_kwargs=No
                 f"Beam search (num_beams={gc.num_beams}) cannot be combined with ngram_speculator; "
                 "use num_beams=1, or drop ngram_speculator for beam search."
             )
-        if gc.do_sample:
-            _fail(
-                "ngram_speculator currently supports greedy decoding only; pass do_sample=False "
-                "(or drop ngram_speculator to sample)."
-            )
         if gc.num_return_sequences is not None and gc.num_return_sequences > 1:
             _fail(
                 f"num_return_sequences={gc.num_return_sequences} is not supported with ngram_speculator "
-                "(greedy decoding returns one sequence); use num_return_sequences=1."
+                "yet (it decodes one sequence per call); call generate() once per sample."
             )
         if gc.prompt_lookup_num_tokens:
             _fail(_ASSISTED_CONFLICT)
@@ -149,7 +144,8 @@ def ngram_generate(
     ngram_streamer=None,
     **model_kwargs,
 ):
-    """transformers ``custom_generate`` callable: speculative greedy decoding of one sequence.
+    """transformers ``custom_generate`` callable: speculative greedy decoding or sampling of
+    one sequence.
 
     Use through ``model.generate(ids, ngram_speculator=spec)``, or explicitly with
     ``model.generate(ids, custom_generate=ngram_generate, ngram_speculator=spec)``.
@@ -211,6 +207,7 @@ def ngram_generate(
             streamer=ngram_streamer,
             keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
             keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits),
+            sample=bool(generation_config.do_sample),
         )
     ngram_speculator.last_stats = result.stats
     if generation_config.return_dict_in_generate:

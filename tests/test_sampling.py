@@ -1,0 +1,168 @@
+"""Speculative sampling draws from exactly the target's distribution.
+
+A tiny random Llama with a 6-token vocabulary continues a repetitive prompt by 3 tokens: the
+prefill samples the first, then one verify pass checks a lookup draft for the second (which
+the target sometimes accepts, sometimes rejects) and samples the next. The exact distribution
+of the 216 possible continuations is computed from the model (softmax of the warped logits,
+chained over the three positions); N samples of
+speculative sampling are compared with it by a chi-square goodness-of-fit test (cells with an
+expected count below 5 are pooled), one test per sampling setting.
+
+Power: with N = 3000 and about 20-40 cells, a deviation of noncentrality N * sum((q - p)^2 / p)
+>= 30 (e.g. moving 4% of the probability mass between two cells of p = 0.1: 0.032 * 3000 =
+96) is detected at alpha = 0.001 with power > 0.95 (noncentral chi-square, df 40). The same
+test applied to plain transformers sampling checks the exact computation itself.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from ngramspec import NgramSpeculator
+
+from conftest import plain_generate
+
+VOCAB, NEW, N, ALPHA = 6, 3, 3000, 1e-3
+PROMPT = torch.tensor([[0, 2, 3, 4, 2, 3, 4, 2, 3]])
+
+
+class BanAfterTwo(LogitsProcessor):
+    """A user processor that depends on the prefix: after token 2, token 4 is banned."""
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        if int(input_ids[0, -1]) == 2:
+            scores[:, 4] = -float("inf")
+        return scores
+
+
+SETTINGS = {
+    "temperature": (dict(temperature=1.3), [TemperatureLogitsWarper(1.3)]),
+    "top_k": (dict(temperature=1.0, top_k=3), [TopKLogitsWarper(3)]),
+    "top_p": (dict(temperature=0.9, top_p=0.8), [TemperatureLogitsWarper(0.9), TopPLogitsWarper(0.8)]),
+    "min_p": (dict(temperature=1.0, min_p=0.15), [MinPLogitsWarper(0.15)]),
+    "user_processor": (dict(temperature=1.0, logits_processor=LogitsProcessorList([BanAfterTwo()])), [BanAfterTwo()]),
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         bos_token_id=0, eos_token_id=None, pad_token_id=1)  # 1: not in PROMPT, or
+    # generate() would treat those prompt tokens as padding and mask them out
+    model = LlamaForCausalLM(config).to(torch.float64).eval()
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(2.5)  # peaked enough that drafts are often accepted, not always
+    return model
+
+
+def exact_distribution(model, warpers) -> dict:
+    """P(x1..xn) = prod_i p(x_i | prompt, x_<i), each factor after the warpers."""
+    processors = LogitsProcessorList(warpers)
+
+    def probs(prefix):
+        ids = torch.cat([PROMPT, torch.tensor([list(prefix)], dtype=torch.long)], dim=1)
+        with torch.no_grad():
+            logits = model(ids).logits[:, -1].float()
+        return torch.softmax(processors(ids, logits), dim=-1)[0].double()
+
+    table = {(): 1.0}
+    for _ in range(NEW):
+        table = {prefix + (x,): p * float(q[x]) for prefix, p in table.items() if p > 0
+                 for q in [probs(prefix)] for x in range(VOCAB)}
+    return table
+
+
+def chi_square_p(counts: dict, exact: dict, n: int) -> float:
+    assert set(counts) <= {k for k, p in exact.items() if p > 0}, "sampled an impossible continuation"
+    cells = sorted(exact, key=lambda k: -exact[k])
+    observed, expected, pool_o, pool_e = [], [], 0, 0.0
+    for key in cells:
+        if exact[key] * n >= 5:
+            observed.append(counts.get(key, 0))
+            expected.append(exact[key] * n)
+        else:
+            pool_o += counts.get(key, 0)
+            pool_e += exact[key] * n
+    if pool_e > 0:
+        observed.append(pool_o)
+        expected.append(pool_e)
+    return float(stats.chisquare(observed, np.array(expected) * sum(observed) / sum(expected)).pvalue)
+
+
+def draw(model, kwargs, speculative, n=N, seed=0):
+    torch.manual_seed(seed)
+    spec = NgramSpeculator(min_n=1, max_n=3, max_draft_tokens=2, payoff_sizing=False) if speculative else None
+    counts, accepted = {}, 0
+    for _ in range(n):
+        if speculative:
+            out = model.generate(PROMPT, max_new_tokens=NEW, do_sample=True, ngram_speculator=spec, **kwargs)
+            accepted += spec.last_stats.accepted_tokens
+        else:
+            out = plain_generate(model, PROMPT, max_new_tokens=NEW, do_sample=True, **kwargs)
+        key = tuple(out[0, PROMPT.shape[1] :].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    return counts, accepted
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_speculative_sampling_matches_the_exact_distribution(model, setting):
+    kwargs, warpers = SETTINGS[setting]
+    exact = exact_distribution(model, warpers)
+    counts, accepted = draw(model, kwargs, speculative=True)
+    assert accepted > N // 20, "drafts were rarely accepted: the test would not exercise verification"
+    p = chi_square_p(counts, exact, N)
+    print(f"\n{setting}: chi-square p = {p:.3f} ({accepted} drafted tokens accepted over {N} samples)")
+    assert p > ALPHA
+
+
+def test_plain_sampling_matches_the_exact_distribution(model):
+    """Checks the exact computation (and the warper order) against transformers itself."""
+    kwargs, warpers = SETTINGS["top_p"]
+    counts, _ = draw(model, kwargs, speculative=False, n=N)
+    assert chi_square_p(counts, exact_distribution(model, warpers), N) > ALPHA
+
+
+def test_a_biased_sampler_would_be_caught(model):
+    """Power check: a sampler that always accepts the draft (a classic bug) fails the test."""
+    kwargs, warpers = SETTINGS["temperature"]
+    exact = exact_distribution(model, warpers)
+    biased = dict(exact)
+    top = max(biased, key=biased.get)
+    # Shift 4% of the mass onto the most likely continuation, as a too-eager acceptance would.
+    scale = (1 - biased[top] - 0.04) / (1 - biased[top])
+    biased = {k: (v * scale if k != top else v + 0.04) for k, v in biased.items()}
+    rng = np.random.default_rng(0)
+    keys = list(biased)
+    draws = rng.choice(len(keys), size=N, p=np.array([biased[k] for k in keys]) / sum(biased.values()))
+    counts = {}
+    for i in draws:
+        counts[keys[i]] = counts.get(keys[i], 0) + 1
+    assert chi_square_p(counts, exact, N) < ALPHA
+
+
+def test_seeded_sampling_is_reproducible(model):
+    spec = NgramSpeculator(min_n=1, payoff_sizing=False)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        runs.append(model.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=1.2, ngram_speculator=spec).tolist())
+    assert runs[0] == runs[1]
