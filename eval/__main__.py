@@ -38,6 +38,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv=None) -> int:
+    """Bad input (unknown settings, missing data or model) ends with a message and exit 2."""
+    from ngramspec import ModelNotFoundError, UnsupportedGenerationError
+
+    try:
+        return _main(argv)
+    except (ValueError, FileNotFoundError, ModelNotFoundError, UnsupportedGenerationError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     import tasks
 
     parser = argparse.ArgumentParser(prog="python -m eval", description=__doc__,

@@ -53,7 +53,10 @@ def main(argv=None) -> int:
     if qs[0] != 1:
         parser.error("--qs must include 1 (the baseline)")
     torch.set_num_threads(args.threads)
-    model, _ = ngramspec.load_model(args.model)
+    try:
+        model, _ = ngramspec.load_model(args.model)
+    except (ValueError, ngramspec.ModelNotFoundError) as err:
+        parser.exit(2, f"error: {err}\n")
     curve = measure(model, args.context, qs, args.repeats)
     base = curve.pop(0)
     print(f"model {args.model}, device {next(model.parameters()).device}, torch threads {torch.get_num_threads()}, "

@@ -50,8 +50,7 @@ def test_replay_counts_forwards_by_hand():
     assert result["rewriting"]["items"] == 1 and result["jfleg"]["mean_draft"] == pytest.approx(1.0)
 
 
-@pytest.mark.skipif(not Path("/work/shared/traces").exists() and not (REPO.parent / "shared" / "traces").is_dir(),
-                    reason="shared traces not present")
+@pytest.mark.skipif(not (REPO.parent / "shared" / "traces").is_dir(), reason="../shared/traces not present")
 def test_replay_of_shared_traces_reproduces_the_published_hf_rule_figure():
     path = REPO.parent / "shared" / "traces" / "smollm2_shared_greedy.jsonl"
     traces = [json.loads(line) for line in open(path)]
@@ -184,3 +183,19 @@ def test_accelerate_launch_two_cpu_processes(tiny_model_dir, tmp_path):
     overall = saved["summary"]["overall"]
     assert overall["greedy"]["items"] == 4 and saved["meta"]["processes"] == 2
     assert overall["ngramspec"]["identical"] == 1.0 and overall["hf-pld"]["items"] == 4
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--methods", "ngramspec:foo=1"], "unknown speculator setting 'foo'"),
+        (["run", "--tasks", "jfleg", "--data-dir", "/no/such/dir"], "not found: pass the shared data directory"),
+        (["replay", "/no/such/traces.jsonl"], "No such file"),
+    ],
+)
+def test_cli_bad_input_gives_a_message_and_exit_2(tmp_path, args, message):
+    if args[0] == "run":
+        args = args + ["--out", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-m", "eval", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
