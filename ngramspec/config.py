@@ -12,7 +12,11 @@ MATCH_POLICIES = ("recent", "earliest")
 # 2.13 with 2 threads on an idle 2-core AVX-512 CPU, 400 tokens of context, median of 15
 # (eval/cost_curve.py measures it for any model and device). Small matrix products (q = 2, 3)
 # are the least efficient on this BLAS, so a 5-token verify is cheaper than a 3-token one.
-CPU_VERIFY_COST = ((1, 1.0), (2, 1.6), (3, 1.85), (4, 1.43), (5, 1.3), (6, 1.41), (8, 1.4), (10, 1.57), (12, 1.53), (16, 1.6))
+# Points from 24 tokens on (median of 9, same setup) cost a batch's rows x positions together.
+CPU_VERIFY_COST = (
+    (1, 1.0), (2, 1.6), (3, 1.85), (4, 1.43), (5, 1.3), (6, 1.41), (8, 1.4), (10, 1.57), (12, 1.53),
+    (16, 1.6), (24, 1.94), (32, 2.22), (48, 2.78), (64, 3.25), (96, 4.06), (128, 5.08),
+)
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,8 @@ class SpeculatorConfig:
             length; a draft that is not expected to pay is not proposed (a plain step). False:
             always draft as much as the match offers, up to ``max_draft_tokens``.
         verify_cost: ``((q, relative_cost), ...)``, the cost of one forward over q tokens
-            relative to one token, linear in between (flat beyond the last point).
+            relative to one token, linear in between; beyond the last point cost grows in
+            proportion to q (a batch of rows x positions is costed as that many tokens).
         acceptance_prior: prior probability that a drafted token is accepted given the one
             before it was, before a request has shown its own acceptance (weight of 2 drafts).
         acceptance_memory: per-step decay of acceptance evidence for a match length that is
@@ -95,10 +100,18 @@ class SpeculatorConfig:
 
     def verify_costs(self) -> np.ndarray:
         """``costs[q]`` = relative cost of verifying q tokens, for q in 0..max_draft_tokens+1."""
-        qs, costs = zip(*self.verify_cost)
-        table = np.interp(np.arange(self.max_draft_tokens + 2), qs, costs)
-        table[0] = 0.0
+        table = np.array([self.forward_cost(q) for q in range(self.max_draft_tokens + 2)])
         return table
+
+    def forward_cost(self, tokens: int) -> float:
+        """Relative cost of one forward over ``tokens`` tokens (all rows of a batch together)."""
+        if tokens <= 0:
+            return 0.0
+        last_q, last_cost = self.verify_cost[-1]
+        if tokens > last_q:  # past the measured range: compute-bound, cost grows with tokens
+            return last_cost * tokens / last_q
+        qs, costs = zip(*self.verify_cost)
+        return float(np.interp(tokens, qs, costs))
 
     @classmethod
     def parse_value(cls, name: str, text: str):

@@ -55,20 +55,22 @@ class DecodeResult:
     logits: list = field(default_factory=list)  # raw logits (1, V) per new token, if kept
 
 
-class _Buffer:
-    """Growable (1, capacity) token buffer on the model's device; ``view(n)`` is seq[:, :n]."""
+class TokenBuffer:
+    """Growable (B, capacity) token buffer on the model's device: row b holds prompt[b] and
+    then that row's new tokens; ``data[b, :n]`` is the row's prefix of length n."""
 
     def __init__(self, prompt: torch.Tensor, reserve: int):
-        self.data = torch.empty((1, prompt.shape[1] + reserve), dtype=torch.long, device=prompt.device)
-        self.data[:, : prompt.shape[1]] = prompt
+        batch, prompt_len = prompt.shape
+        self.data = torch.empty((batch, prompt_len + reserve), dtype=torch.long, device=prompt.device)
+        self.data[:, :prompt_len] = prompt
 
-    def write(self, start: int, tokens) -> None:
+    def write(self, start: int, tokens, row: int = 0) -> None:
         end = start + len(tokens)
         if end > self.data.shape[1]:
-            grown = torch.empty((1, 2 * end), dtype=torch.long, device=self.data.device)
-            grown[:, :start] = self.data[:, :start]
+            grown = torch.empty((self.data.shape[0], 2 * end), dtype=torch.long, device=self.data.device)
+            grown[:, : self.data.shape[1]] = self.data
             self.data = grown
-        self.data[0, start:end] = torch.as_tensor(tokens, dtype=torch.long).to(self.data.device, non_blocking=True)
+        self.data[row, start:end] = torch.as_tensor(tokens, dtype=torch.long).to(self.data.device, non_blocking=True)
 
 
 def speculative_greedy(
@@ -102,7 +104,7 @@ def speculative_greedy(
     prompt_len = prompt.shape[1]
     stats = DecodeStats(prompt_tokens=prompt_len)
     result = DecodeResult(prompt, stats)
-    seq = _Buffer(prompt, reserve=min(max(stop.max_length - prompt_len, 1), 4096) + 64)
+    seq = TokenBuffer(prompt, reserve=min(max(stop.max_length - prompt_len, 1), 4096) + 64)
     if streamer is not None:
         streamer.put(prompt.cpu())
 

@@ -17,12 +17,19 @@ passes it on as ``ngram_streamer``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 
 import torch
-from transformers import GenerationMixin
+from transformers import DynamicCache, GenerationMixin
+from transformers.cache_utils import DynamicLayer
 from transformers.generation import GenerateDecoderOnlyOutput
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
 from transformers.generation.stopping_criteria import (
     EosTokenCriteria,
     MaxLengthCriteria,
@@ -30,6 +37,7 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 
+from .batch import speculative_batch, stack_per_index
 from .decode import StopRule, speculative_greedy
 from .speculator import NgramSpeculator
 
@@ -74,11 +82,6 @@ def check_request(model, input_ids=None, generation_config=None, model_kwargs=No
                 f"Beam search (num_beams={gc.num_beams}) cannot be combined with ngram_speculator; "
                 "use num_beams=1, or drop ngram_speculator for beam search."
             )
-        if gc.num_return_sequences is not None and gc.num_return_sequences > 1:
-            _fail(
-                f"num_return_sequences={gc.num_return_sequences} is not supported with ngram_speculator "
-                "yet (it decodes one sequence per call); call generate() once per sample."
-            )
         if gc.prompt_lookup_num_tokens:
             _fail(_ASSISTED_CONFLICT)
         if gc.return_dict_in_generate and (gc.output_attentions or gc.output_hidden_states):
@@ -88,14 +91,9 @@ def check_request(model, input_ids=None, generation_config=None, model_kwargs=No
             )
     if input_ids is not None:
         if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
-            _fail("ngram_speculator needs input_ids as a 2-D tensor of shape (1, prompt_length).")
+            _fail("ngram_speculator needs input_ids as a 2-D tensor of shape (batch, prompt_length).")
         if input_ids.shape[1] == 0:
             _fail("The prompt is empty: give at least one token (e.g. the BOS token) in input_ids.")
-        if input_ids.shape[0] != 1:
-            _fail(
-                f"ngram_speculator decodes one sequence at a time, got a batch of {input_ids.shape[0]}. "
-                "Call generate() once per row, or generate without ngram_speculator."
-            )
         limit = getattr(config, "max_position_embeddings", None)
         if limit is not None and input_ids.shape[1] >= limit:
             _fail(
@@ -144,24 +142,178 @@ def ngram_generate(
     ngram_streamer=None,
     **model_kwargs,
 ):
-    """transformers ``custom_generate`` callable: speculative greedy decoding or sampling of
-    one sequence.
+    """transformers ``custom_generate`` callable: speculative greedy decoding or sampling.
 
     Use through ``model.generate(ids, ngram_speculator=spec)``, or explicitly with
     ``model.generate(ids, custom_generate=ngram_generate, ngram_speculator=spec)``.
+    A batch (left-padded, with its attention mask; or one prompt expanded by
+    ``num_return_sequences``) is verified in one forward per step, each row accepting its own
+    number of draft tokens. ``ngram_speculator.last_stats`` is a ``DecodeStats`` for one row,
+    or a list of them (one per row) for a batch.
     """
     if ngram_speculator is None:
         _fail("custom_generate=ngram_generate needs ngram_speculator=NgramSpeculator(...).")
     check_request(model, input_ids, generation_config, model_kwargs, ngram_speculator)
     if synced_gpus:
         _fail("synced_gpus (DeepSpeed ZeRO-3 / FSDP) is not supported with ngram_speculator.")
-
     cache = model_kwargs.get("cache")
     if cache is None:
         cache = model_kwargs.get("past_key_values")
     if cache is None:
         _fail("generate() prepared no KV cache; ngram_speculator needs use_cache=True.")
+    batch = input_ids.shape[0]
+    if batch > 1:
+        _check_batch_request(logits_processor, ngram_streamer)
+
     attention_mask = model_kwargs.get("attention_mask")  # None: no padding (generate drops all-ones)
+    positions = model_kwargs.get("position_ids")
+    if positions is None:
+        positions = _positions_from_mask(input_ids, attention_mask)
+    settings = dict(
+        stop=_stop_rule(stopping_criteria),
+        keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
+        keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits),
+        sample=bool(generation_config.do_sample),
+    )
+    capacity = min(generation_config.max_length, input_ids.shape[1] + (1 << 16))
+    pad = generation_config._pad_token_tensor
+    pad_token_id = int(pad) if pad is not None else 0
+
+    optimize = getattr(model, "_optimize_model_for_decode", None)
+    with optimize() if optimize is not None else contextlib.nullcontext():
+        if batch == 1:
+            result = _decode_row(model, input_ids, attention_mask, positions, cache, ngram_speculator, capacity,
+                                 streamer=ngram_streamer, process=_processors_for_row(logits_processor, 0), **settings)
+            sequences, scores, logits, stats = result.sequence, result.scores, result.logits, result.stats
+        elif _shared_cache_ok(cache):
+            sessions = [ngram_speculator.start(_real_tokens(input_ids, attention_mask, b), capacity) for b in range(batch)]
+            result = speculative_batch(
+                input_ids, attention_mask, positions, sessions, *_batch_callables(model, cache),
+                pad_token_id=pad_token_id, forward_cost=ngram_speculator.config.forward_cost
+                if ngram_speculator.config.payoff_sizing else None,
+                process=[_processors_for_row(logits_processor, b) for b in range(batch)], **settings,
+            )
+            sequences, scores, logits, stats = result.sequences, result.scores, result.logits, result.stats
+            cache = None  # holds masked holes: not a cache plain decoding could continue from
+        else:
+            # Sliding-window or static caches cannot hold per-row holes: decode row by row,
+            # each with its left padding (processors see what plain batched decoding shows).
+            rows = [
+                _decode_row(model, input_ids[b : b + 1],
+                            attention_mask[b : b + 1] if attention_mask is not None else None,
+                            positions[b : b + 1], DynamicCache(config=model.config), ngram_speculator, capacity,
+                            process=_processors_for_row(logits_processor, b), **settings)
+                for b in range(batch)
+            ]
+            sequences, scores, logits, stats = _join_rows(rows, input_ids.shape[1], pad_token_id, settings)
+            cache = None
+    ngram_speculator.last_stats = stats
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(
+            sequences=sequences,
+            scores=tuple(scores) if generation_config.output_scores else None,
+            logits=tuple(logits) if generation_config.output_logits else None,
+            cache=cache,
+        )
+    return sequences
+
+
+def _check_batch_request(logits_processor, streamer) -> None:
+    if streamer is not None:
+        _fail(
+            "Streamers take one sequence (transformers' TextStreamer raises for batch > 1 too); "
+            "stream one prompt at a time, or drop the streamer for a batch."
+        )
+    for processor in logits_processor:
+        name = type(processor).__name__
+        if name in _BATCH_STATE_PROCESSORS:
+            _fail(
+                f"{name} keeps state across the whole batch, which ngram_speculator's batched loop "
+                "(rows advance by different amounts) cannot provide; call generate() once per row."
+            )
+
+
+# Processors that keep per-batch state or mix rows: they cannot be applied row by row.
+_BATCH_STATE_PROCESSORS = {
+    "SynthIDTextWatermarkLogitsProcessor",
+    "ClassifierFreeGuidanceLogitsProcessor",
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor",
+}
+
+
+def _processors_for_row(logits_processor, row: int):
+    """The batched loop applies processors row by row (rows accept different numbers of tokens,
+    so their prefixes differ in length), each with a (1, length) prefix. Processors that look
+    up a row's index in the batch get a copy bound to that row."""
+    if not len(logits_processor):
+        return None
+    bound = LogitsProcessorList()
+    for processor in logits_processor:
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and torch.is_tensor(processor.prompt_ignore_length):
+            # generate() passes each row's left-padding length (B,)
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = int(processor.prompt_ignore_length[row])
+        elif isinstance(processor, PrefixConstrainedLogitsProcessor):
+            allowed = processor._prefix_allowed_tokens_fn
+            processor = PrefixConstrainedLogitsProcessor(functools.partial(_fixed_row, allowed, row), num_beams=1)
+        bound.append(processor)
+    return bound
+
+
+def _fixed_row(allowed_tokens_fn, row, _batch_id, sentence):
+    return allowed_tokens_fn(row, sentence)
+
+
+def _positions_from_mask(input_ids, attention_mask) -> torch.Tensor:
+    """(B, P) position ids as generate() prepares them: real tokens count from 0."""
+    if attention_mask is None:
+        return torch.arange(input_ids.shape[1], device=input_ids.device).expand(input_ids.shape[0], -1)
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.masked_fill(attention_mask == 0, 0)
+
+
+def _real_tokens(input_ids, attention_mask, row: int) -> torch.Tensor:
+    """Row ``row`` of the prompt without its padding (what the drafter indexes)."""
+    if attention_mask is None:
+        return input_ids[row]
+    return input_ids[row][attention_mask[row].bool()]
+
+
+def _shared_cache_ok(cache) -> bool:
+    """One cache with per-row holes needs plain full-attention dynamic layers."""
+    return isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def _batch_callables(model, cache):
+    """forward / crop / gather for ``batch.speculative_batch`` over a shared DynamicCache."""
+
+    def forward(ids, positions, mask, keep):
+        # ids, positions: (A, q); mask: (A, C + q) -> float32 logits (A, keep, V)
+        out = model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache,
+                    use_cache=True, logits_to_keep=keep)
+        return out.logits[:, -keep:].float()
+
+    def crop(m: int) -> None:
+        if m:
+            cache.crop(-m)
+
+    def gather(rows, columns):
+        # rows: (A',) rows to keep; columns: (A, C') per-row columns to keep, in order
+        for layer in cache.layers:
+            if not layer.is_initialized:
+                continue
+            if rows is not None:
+                layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+            if columns is not None:
+                index = columns[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+                layer.keys = layer.keys.gather(2, index)
+                layer.values = layer.values.gather(2, index)
+
+    return forward, crop, gather
+
+
+def _decode_row(model, input_ids, attention_mask, positions, cache, speculator, capacity, streamer=None, **settings):
+    """One sequence (1, P), possibly left-padded, through ``decode.speculative_greedy``."""
     prompt_len = input_ids.shape[1]
     if attention_mask is not None:
         # New tokens sit right after the prompt's last real token: position = real tokens so far.
@@ -174,7 +326,7 @@ def ngram_generate(
         q = ids.shape[1]
         extra = {}
         if start == 0:
-            extra["position_ids"] = model_kwargs.get("position_ids")
+            extra["position_ids"] = positions
             extra["attention_mask"] = attention_mask
         elif attention_mask is not None:
             nonlocal mask
@@ -194,30 +346,23 @@ def ngram_generate(
     def crop(m: int) -> None:
         cache.crop(-m)
 
-    session = ngram_speculator.start(input_ids[0], capacity=min(generation_config.max_length, prompt_len + (1 << 16)))
-    optimize = getattr(model, "_optimize_model_for_decode", None)
-    with optimize() if optimize is not None else contextlib.nullcontext():
-        result = speculative_greedy(
-            input_ids,
-            session,
-            forward,
-            crop,
-            _stop_rule(stopping_criteria),
-            process=logits_processor if len(logits_processor) else None,
-            streamer=ngram_streamer,
-            keep_scores=bool(generation_config.return_dict_in_generate and generation_config.output_scores),
-            keep_logits=bool(generation_config.return_dict_in_generate and generation_config.output_logits),
-            sample=bool(generation_config.do_sample),
-        )
-    ngram_speculator.last_stats = result.stats
-    if generation_config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(
-            sequences=result.sequence,
-            scores=tuple(result.scores) if generation_config.output_scores else None,
-            logits=tuple(result.logits) if generation_config.output_logits else None,
-            cache=cache,
-        )
-    return result.sequence
+    session = speculator.start(_real_tokens(input_ids, attention_mask, 0), capacity=capacity)
+    return speculative_greedy(input_ids, session, forward, crop, streamer=streamer, **settings)
+
+
+def _join_rows(rows, prompt_len, pad_token_id, settings):
+    """Row-by-row results -> a padded batch, as plain generate() returns it."""
+    longest = max(r.sequence.shape[1] for r in rows)
+    sequences = torch.full((len(rows), longest), pad_token_id, dtype=torch.long, device=rows[0].sequence.device)
+    for b, r in enumerate(rows):
+        sequences[b, : r.sequence.shape[1]] = r.sequence[0]
+    new = [r.sequence[0, prompt_len:].tolist() for r in rows]
+    scores = logits = []
+    if settings["keep_scores"]:
+        scores = stack_per_index([[x[0] for x in r.scores] for r in rows], new, longest - prompt_len, pad_token_id)
+    if settings["keep_logits"]:
+        logits = stack_per_index([[x[0] for x in r.logits] for r in rows], new, longest - prompt_len, pad_token_id)
+    return sequences, scores, logits, [r.stats for r in rows]
 
 
 def _route_stop_strings(model, kwargs: dict) -> None:

@@ -31,12 +31,15 @@ class Draft:
     where ``parents[i]`` is the index of the token that token i follows (-1: the last emitted).
     ``match_len``/``source_start``: the suffix match that produced the draft and where in the
     token stream the copied continuation starts (-1 when there was none).
+    ``acceptance``: the session's estimate that a drafted token is accepted given the one before
+    it was (after matches of this length); batch loops size a shared draft length from it.
     """
 
     tokens: np.ndarray
     parents: np.ndarray | None = None
     match_len: int = 0
     source_start: int = -1
+    acceptance: float = 0.0
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -74,8 +77,10 @@ class SpeculationSession:
         view.flags.writeable = False
         return view
 
-    def propose(self, max_tokens: int | None = None) -> Draft:
-        """Draft up to ``max_tokens`` (default: the config's limit) tokens to verify next."""
+    def propose(self, max_tokens: int | None = None, sized: bool = True) -> Draft:
+        """Draft up to ``max_tokens`` (default: the config's limit) tokens to verify next.
+        ``sized=False`` skips payoff sizing (a batch loop sizes one length for all rows with
+        :func:`batch_draft_length` and reports what it verified to :meth:`extend`)."""
         self._pending = None
         match_len, start = self.index.longest_match()
         if match_len == 0:
@@ -83,23 +88,27 @@ class SpeculationSession:
         limit = self.config.max_draft_tokens
         if max_tokens is not None:
             limit = min(limit, max_tokens)
-        if self.config.payoff_sizing and limit > 0:
-            limit = self._best_length(match_len, limit)
+        acceptance = self._acceptance(match_len)
+        if sized and self.config.payoff_sizing and limit > 0:
+            limit = self._best_length(match_len, acceptance, limit)
         if limit <= 0:
-            return Draft(_NO_TOKENS, match_len=match_len, source_start=start)
+            return Draft(_NO_TOKENS, match_len=match_len, source_start=start, acceptance=acceptance)
         # The copied span may run into the suffix itself (start + limit > length): the text
         # is then periodic with period length - start, and the draft continues the period
         # (a run "a b a b a" drafts "b a b a ..."), which np.resize does by repetition.
         tokens = np.resize(self.index.tokens[start : self.index.length], limit).astype(np.int32, copy=False)
         self._pending = (tokens, match_len)
-        return Draft(tokens, match_len=match_len, source_start=start)
+        return Draft(tokens, match_len=match_len, source_start=start, acceptance=acceptance)
 
-    def _best_length(self, match_len: int, limit: int) -> int:
-        """Draft length in [0, limit] maximising expected emitted tokens per unit verify cost:
-        (1 + r + r^2 + ... + r^k) / cost(k + 1), where a plain step scores 1 / cost(1) = 1."""
+    def _acceptance(self, match_len: int) -> float:
+        """Posterior mean acceptance after matches of this length (prior weighs 2 drafts)."""
         weight = 2.0
         accepted = self._accepted[match_len] + weight * self.config.acceptance_prior
-        r = accepted / (accepted + self._rejected[match_len] + weight * (1 - self.config.acceptance_prior))
+        return float(accepted / (accepted + self._rejected[match_len] + weight * (1 - self.config.acceptance_prior)))
+
+    def _best_length(self, match_len: int, r: float, limit: int) -> int:
+        """Draft length in [0, limit] maximising expected emitted tokens per unit verify cost:
+        (1 + r + r^2 + ... + r^k) / cost(k + 1), where a plain step scores 1 / cost(1) = 1."""
         best_k, best, expected, p = 0, 1.0, 1.0, 1.0
         for k in range(1, limit + 1):
             p *= r
@@ -112,19 +121,58 @@ class SpeculationSession:
             self._rejected[match_len] *= self.config.acceptance_memory
         return best_k
 
-    def extend(self, accepted_tokens) -> None:
-        """Append tokens the target emitted (accepted draft tokens plus its own next token)."""
+    def extend(self, accepted_tokens, verified: int | None = None) -> None:
+        """Append tokens the target emitted (accepted draft tokens plus its own next token).
+        ``verified``: how many tokens of the last draft were actually verified, when the loop
+        cut the draft short (default: all of them)."""
         tokens = _as_token_array(accepted_tokens)
         if self._pending is not None:
             # Learn from the last draft: how many of its tokens the target kept.
             draft, match_len = self._pending
+            if verified is not None:
+                draft = draft[:verified]
+                if verified == 0:  # not verified at all: let old evidence fade, as sizing does
+                    self._accepted[match_len] *= self.config.acceptance_memory
+                    self._rejected[match_len] *= self.config.acceptance_memory
             n = min(len(draft), len(tokens))
             mismatch = np.flatnonzero(draft[:n] != tokens[:n])
             kept = int(mismatch[0]) if mismatch.size else n
             self._accepted[match_len] += kept
             self._rejected[match_len] += kept < len(draft)
             self._pending = None
+        elif verified:
+            raise ValueError("extend(verified=...) given, but no draft is pending.")
         self.index.append(tokens)
+
+
+def batch_draft_length(drafts: list[Draft], cost=None) -> int:
+    """One draft length K for a batch verified in one forward of shape (rows, K + 1).
+
+    Every row pays for K + 1 positions whatever its own draft, so K is chosen for the batch:
+    maximise expected emitted tokens per unit cost, sum_b E_b(min(K, k_b)) / cost(rows * (K+1)),
+    against plain decoding's rows / cost(rows), where E_b(k) = 1 + r_b + ... + r_b^k (r_b the
+    row's acceptance estimate) and ``cost(n)`` is the relative cost of one forward over n
+    tokens. Returns 0 (a plain batched step) when no K pays: on a device that is already busy
+    with a large batch, each extra position costs nearly a token's full price, so speculation
+    switches itself off and comes back when rows show long, reliable matches. ``cost=None``
+    (payoff sizing off): the longest draft of any row.
+    """
+    rows = len(drafts)
+    longest = max((len(d) for d in drafts), default=0)
+    if rows == 0 or longest == 0 or cost is None:  # cost None: no sizing, draft all there is
+        return longest
+    expected = np.ones(rows)  # E_b(min(K, k_b)) for the current K
+    power = np.ones(rows)
+    acceptance = np.array([d.acceptance for d in drafts])
+    lengths = np.array([len(d) for d in drafts])
+    best_k, best = 0, rows / cost(rows)
+    for k in range(1, longest + 1):
+        power = np.where(lengths >= k, power * acceptance, 0.0)
+        expected += power
+        value = expected.sum() / cost(rows * (k + 1))
+        if value > best:
+            best_k, best = k, value
+    return best_k
 
 
 class NgramSpeculator:

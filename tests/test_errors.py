@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers import ClassifierFreeGuidanceLogitsProcessor
 from transformers import GenerationConfig
 
 import ngramspec
@@ -23,11 +24,12 @@ def counted(tiny_model):
     "kwargs, message",
     [
         (dict(input_ids=torch.zeros((1, 0), dtype=torch.long)), "The prompt is empty"),
-        (dict(input_ids=IDS.repeat(2, 1)), "one sequence at a time, got a batch of 2"),
+        (dict(input_ids=IDS.repeat(2, 1), streamer=object()), "Streamers take one sequence"),
+        (dict(input_ids=IDS.repeat(2, 1), logits_processor=[ClassifierFreeGuidanceLogitsProcessor(1.5)]),
+         "keeps state across the whole batch"),
         (dict(num_beams=3), r"Beam search \(num_beams=3\) cannot be combined"),
         (dict(generation_config=GenerationConfig(num_beams=2, max_new_tokens=5)), "Beam search"),
         (dict(num_return_sequences=2, num_beams=2), "Beam search"),
-        (dict(num_return_sequences=2, do_sample=True), "num_return_sequences=2 is not supported"),
         (dict(prompt_lookup_num_tokens=10), "replaces transformers' assisted decoding"),
         (dict(input_ids=torch.zeros((1, 512), dtype=torch.long)), "at or beyond the model's maximum length of 512"),
         (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions/output_hidden_states"),

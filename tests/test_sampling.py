@@ -44,8 +44,7 @@ class BanAfterTwo(LogitsProcessor):
 
     def __call__(self, input_ids, scores):
         scores = scores.clone()
-        if int(input_ids[0, -1]) == 2:
-            scores[:, 4] = -float("inf")
+        scores[input_ids[:, -1] == 2, 4] = -float("inf")  # row by row: batches too
         return scores
 
 
@@ -166,3 +165,90 @@ def test_seeded_sampling_is_reproducible(model):
         torch.manual_seed(123)
         runs.append(model.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=1.2, ngram_speculator=spec).tolist())
     assert runs[0] == runs[1]
+
+
+# --- Batched: num_return_sequences rows sampled together, plain vs speculative -----------------
+
+
+def draw_batched(model, kwargs, speculative, n=N, seed=1):
+    """n continuations from ONE generate call with num_return_sequences=n (rows of one batch,
+    each verified with its own acceptance)."""
+    torch.manual_seed(seed)
+    extra = {}
+    if speculative:
+        extra["ngram_speculator"] = NgramSpeculator(min_n=1, max_n=3, max_draft_tokens=2, payoff_sizing=False)
+    generate = model.generate if speculative else (lambda *a, **k: plain_generate(model, *a, **k))
+    out = generate(PROMPT, max_new_tokens=NEW, do_sample=True, num_return_sequences=n, **kwargs, **extra)
+    counts = {}
+    for row in out[:, PROMPT.shape[1] :].tolist():
+        counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    accepted = sum(s.accepted_tokens for s in extra["ngram_speculator"].last_stats) if speculative else 0
+    return counts, accepted
+
+
+def two_sample_p(counts_a: dict, counts_b: dict, exact: dict, n: int) -> float:
+    """Chi-square test of homogeneity between two samples (cells as in chi_square_p)."""
+    cells = sorted(exact, key=lambda k: -exact[k])
+    table, pool = [], [0, 0]
+    for key in cells:
+        pair = [counts_a.get(key, 0), counts_b.get(key, 0)]
+        if exact[key] * n >= 5:
+            table.append(pair)
+        else:
+            pool = [pool[0] + pair[0], pool[1] + pair[1]]
+    if sum(pool):
+        table.append(pool)
+    table = [row for row in table if sum(row)]
+    return float(stats.chi2_contingency(np.array(table).T).pvalue)
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_batched_speculative_sampling_matches_plain_sampling(model, setting):
+    """Plain sampling vs speculative sampling, each N = 3000 rows of one batch: homogeneity
+    chi-square, plus speculative vs the exact distribution.
+
+    Power of the two-sample test (alpha = 0.001, 20-40 cells): a deviation of noncentrality
+    N/2 * sum((q - p)^2 / p) >= 60, e.g. 4.5% of the mass moved between two cells of p = 0.1,
+    is detected with probability >= 0.94 (noncentral chi-square, df 40; 0.99 at df 20)."""
+    kwargs, warpers = SETTINGS[setting]
+    exact = exact_distribution(model, warpers)
+    spec_counts, accepted = draw_batched(model, kwargs, speculative=True)
+    plain_counts, _ = draw_batched(model, kwargs, speculative=False, seed=2)
+    assert accepted > N // 20, "drafts were rarely accepted: the test would not exercise verification"
+    p_plain = two_sample_p(spec_counts, plain_counts, exact, N)
+    p_exact = chi_square_p(spec_counts, exact, N)
+    print(f"\n{setting} (batch of {N}): speculative vs plain p = {p_plain:.3f}, vs exact p = {p_exact:.3f}, "
+          f"{accepted} drafted tokens accepted")
+    assert p_plain > ALPHA and p_exact > ALPHA
+
+
+def test_two_sample_test_catches_a_biased_sampler(model):
+    """Power check for the homogeneity test: 4.5% of the mass moved onto the top cell."""
+    kwargs, warpers = SETTINGS["temperature"]
+    exact = exact_distribution(model, warpers)
+    top = max(exact, key=exact.get)
+    scale = (1 - exact[top] - 0.045) / (1 - exact[top])
+    biased = {k: (v * scale if k != top else v + 0.045) for k, v in exact.items()}
+    rng = np.random.default_rng(1)
+
+    def sample(dist):
+        keys = list(dist)
+        draws = rng.choice(len(keys), size=N, p=np.array([dist[k] for k in keys]) / sum(dist.values()))
+        counts = {}
+        for i in draws:
+            counts[keys[i]] = counts.get(keys[i], 0) + 1
+        return counts
+
+    assert two_sample_p(sample(biased), sample(exact), exact, N) < ALPHA
+    assert two_sample_p(sample(exact), sample(exact), exact, N) > ALPHA  # and no false alarm here
+
+
+def test_seeded_batched_sampling_is_reproducible(model):
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        ids = torch.cat([PROMPT, PROMPT]).clone()
+        out = model.generate(ids, max_new_tokens=15, do_sample=True, num_return_sequences=3,
+                             ngram_speculator=NgramSpeculator(min_n=1))
+        runs.append(out.tolist())
+    assert runs[0] == runs[1] and len(runs[0]) == 6
