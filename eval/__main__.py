@@ -5,6 +5,8 @@
   trace   record greedy traces (id, dataset, prompt_ids, output_ids) for replay.
   replay  replay drafters over traces without the model: MAT, draft size, cost-weighted speed-up.
   drafter time the drafter alone (propose + extend per step) at 1k, 16k and 128k tokens of context.
+  bench   one table: tokens/s of greedy, HF prompt lookup and ngramspec on the same items, their
+          ratios, step overhead outside the forward, drafter us/step at 1k/16k/128k context.
 
 Shard a run over processes or GPUs with accelerate (items split round-robin, one report):
   accelerate launch --multi_gpu --num_processes 2 -m eval run --out runs/NAME ...
@@ -87,7 +89,23 @@ def _main(argv=None) -> int:
     p_drafter.add_argument("--steps", type=int, default=2000, help="timed steps per context")
     p_drafter.add_argument("--settings", default="", help="SpeculatorConfig overrides, e.g. max_n=4,min_n=1")
 
+    p_bench = sub.add_parser("bench", help="speed benchmark: greedy vs HF prompt lookup vs ngramspec",
+                             description="Same items through plain greedy, prompt_lookup_num_tokens=10 and "
+                                         "ngramspec (interleaved per item): tokens/s, ratios, MAT, step overhead "
+                                         "outside the model forward, identity, drafter us/step at 1k/16k/128k.")
+    _common(p_bench)
+    p_bench.add_argument("--settings", default="", help="SpeculatorConfig overrides for ngramspec, e.g. min_n=1")
+    p_bench.add_argument("--out", default=None, help="folder for bench.md and bench.json")
+
     args = parser.parse_args(argv)
+    args.command_line = "python -m eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    if args.command == "bench":
+        from . import bench
+
+        unknown = [n for n in args.tasks.split(",") if n.strip() and n.strip() not in tasks.TASKS]
+        if unknown:
+            parser.error(f"unknown task(s) {unknown}; known: {', '.join(tasks.TASKS)}")
+        return bench.main(args)
     if args.command == "drafter":
         from . import drafter_cost
 

@@ -83,6 +83,8 @@ class _DraftAdapter:
 
 
 class _Tokens:
+    parents = None  # reference rules draft chains
+
     def __init__(self, tokens: np.ndarray):
         self.tokens = tokens
 

@@ -62,11 +62,38 @@ def replay_all(traces: list[dict], drafter_names: list[str], cost: ForwardCost, 
     return results
 
 
+FAMILIES = ("summarization", "rewriting", "code_editing")
+
+
+def summary_table(results: dict, baseline: str = "hf-rule") -> str:
+    """One row per drafter: overall MAT and speed-up, and speed-up per family, each also as a
+    ratio to ``baseline`` (when it was replayed too)."""
+    base = results.get(baseline)
+    header = ["drafter", "MAT", "mean draft", "speed-up"] + [f"{f} speed-up" for f in FAMILIES]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, r in results.items():
+        def cell(group):
+            if group not in r:
+                return "-"
+            text = f"{r[group]['speedup']:.3f}x"
+            if base is not None and group in base and name != baseline:
+                text += f" ({r[group]['speedup'] / base[group]['speedup']:.2f}x {baseline})"
+            return text
+        o = r["overall"]
+        lines.append(f"| {name} | {o['mat']:.2f} | {o['mean_draft']:.2f} | {cell('overall')} | "
+                     + " | ".join(cell(f) for f in FAMILIES) + " |")
+    return "\n".join(lines)
+
+
 def markdown(results: dict, cost: ForwardCost) -> str:
     groups = sorted({g for r in results.values() for g in r}, key=lambda g: (g == "overall", g))
     lines = [
         "Cost-weighted speed-up = new tokens / sum of verify costs, with cost(q) relative to a one-token "
         "forward: " + ", ".join(f"q={q}: {c:g}" for q, c in cost.points) + " (linear in between).",
+        "",
+        summary_table(results),
+        "",
+        "Per set and family:",
         "",
         "| group | drafter | items | MAT | mean draft | cost-weighted speedup | drafter us/step |",
         "|---|---|---|---|---|---|---|",

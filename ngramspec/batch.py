@@ -131,7 +131,7 @@ def speculative_batch(
         t0 = time.perf_counter()
         for b in active:
             budget = stop.max_length - (prompt_len + len(new_tokens[b])) - 1
-            drafts[b] = sessions[b].propose(max_tokens=budget, sized=False)
+            drafts[b] = sessions[b].propose(max_tokens=budget, sized=False, tree=False)
         width = batch_draft_length([drafts[b] for b in active], forward_cost)
         draft_tokens = {b: drafts[b].tokens[:width].tolist() for b in active}
         spent = (time.perf_counter() - t0) / len(active)
@@ -175,7 +175,7 @@ def speculative_batch(
                 n = len(emitted[b]) - 1
             accepted.append(n)
             # 5. Record stats (the emitted tokens are written and checked at the loop's top).
-            stats[b].record_step(k, n)
+            stats[b].record_step(k, n, declined=k == 0 and drafts[b].source_start >= 0)
 
         # 4. Accept: each row keeps [last, d1..dn] of the new columns; the rest become holes,
         # and the columns past the longest acceptance are cropped for every row.

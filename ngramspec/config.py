@@ -25,8 +25,11 @@ class SpeculatorConfig:
 
     Attributes:
         min_n: shortest suffix n-gram that may trigger a draft. 1 lets a single repeated token
-            propose a continuation, which is usually wrong (one common token recurs everywhere)
-            and, on a CPU, costs a whole multi-token verify pass; 2 drafts on firmer evidence.
+            propose a continuation: often wrong (a common token recurs everywhere), but right
+            where the output resumes copying after an edit; payoff sizing keeps separate
+            acceptance per match length, so weak 1-token matches get short or no drafts.
+            (Replay over 120 traces: 1 beats 2 by 0.5% on this CPU's cost curve, 1.6% on a
+            steeper one.)
         max_n: longest suffix n-gram looked up. The longest match in ``[min_n, max_n]`` wins,
             because a longer shared context predicts the continuation better.
         max_draft_tokens: most tokens proposed per step (the verify pass is this plus one).
@@ -47,9 +50,24 @@ class SpeculatorConfig:
             before it was, before a request has shown its own acceptance (weight of 2 drafts).
         acceptance_memory: per-step decay of acceptance evidence for a match length that is
             not being drafted, so a request drifts back to the prior and tries again.
+        copy_cursor: while the output copies an earlier span token by token, keep drafting
+            from that span (locality) before asking the index; the cursor breaks on the first
+            token that differs and the index takes over. (Replay: neutral to +0.9%.)
+        fuzzy_resync: after the copy breaks (the model changed a word), re-find the place in
+            the copied text that best aligns with the tokens emitted since (token Levenshtein
+            similarity, rapidfuzz) and resume copying there. (Replay: +1.0 to +1.3%.)
+        tree_branches: candidate continuations verified together as a token tree (1: a plain
+            chain). Extra branches only take positions the cost curve says are nearly free.
+            Off by default: in replay on the 2-core CPU curve trees gained 0.25% (and lost 0.2%
+            on a steeper curve); they are for devices where extra positions are free (GPUs).
+        max_tree_tokens: most tokens in a tree draft (all branches together).
+        history_tokens: size of a store of earlier outputs shared by all calls of one
+            speculator, drafted from when a request has no match of its own (0: off). Opt-in,
+            as it carries text from one request into another; replay over a job of similar
+            documents: +2.5% overall, +7% on code editing, with 50,000 tokens.
     """
 
-    min_n: int = 2
+    min_n: int = 1
     max_n: int = 6
     max_draft_tokens: int = 12
     match: str = "recent"
@@ -57,6 +75,11 @@ class SpeculatorConfig:
     verify_cost: tuple = CPU_VERIFY_COST
     acceptance_prior: float = 0.5
     acceptance_memory: float = 0.9
+    copy_cursor: bool = True
+    fuzzy_resync: bool = True
+    tree_branches: int = 1
+    max_tree_tokens: int = 24
+    history_tokens: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -78,6 +101,14 @@ class SpeculatorConfig:
                 f"max_draft_tokens must be >= 1 (got {self.max_draft_tokens}); to decode without "
                 "speculation, call generate() without ngram_speculator."
             )
+        if self.tree_branches < 1:
+            raise ValueError(f"tree_branches must be >= 1 (got {self.tree_branches}); 1 drafts a plain chain.")
+        if self.max_tree_tokens < self.max_draft_tokens:
+            raise ValueError(
+                f"max_tree_tokens ({self.max_tree_tokens}) must be >= max_draft_tokens ({self.max_draft_tokens})."
+            )
+        if self.history_tokens < 0:
+            raise ValueError(f"history_tokens must be >= 0 (got {self.history_tokens}); 0 turns history off.")
         if self.match not in MATCH_POLICIES:
             raise ValueError(f"match must be one of {MATCH_POLICIES}, got {self.match!r}.")
         if not 0.0 < self.acceptance_prior < 1.0:

@@ -2,10 +2,16 @@
 
 The loop sees the target model only through two callables (``hf.py`` builds them):
 
-    forward(ids, start, keep) -> logits   ids: (1, q) token ids at stream positions
+    forward(ids, start, keep, tree=None)  ids: (1, q) token ids at stream positions
                                           start..start+q-1, fed on top of the KV cache;
-                                          returns float logits (keep, V) of the last `keep` rows
+                                          returns float logits (keep, V) of the last `keep` rows.
+                                          tree: (depth (q,), visible (q, q) bool) for a token
+                                          tree: ids[i] sits at position start + depth[i] and
+                                          attends to the new ids j with visible[i, j]
     crop(m)                               drop the last m entries of the KV cache
+    keep_path(rows, q)                    of the last q cache entries keep only ``rows``
+                                          (in order): the accepted path of a tree; None
+                                          when the model's cache cannot (then no trees)
 
 Invariant between steps: the cache holds every token of ``seq`` except the last one, which
 is fed (with the draft behind it) by the next forward. So a step over [last, d1..dk] that
@@ -73,6 +79,29 @@ class TokenBuffer:
         self.data[row, start:end] = torch.as_tensor(tokens, dtype=torch.long).to(self.data.device, non_blocking=True)
 
 
+def tree_layout(parents) -> tuple:
+    """Block layout of [last, *tree]: depth (q,) (0 for the last token) and visible (q, q),
+    True where block entry i may attend to entry j (j is i or one of its ancestors).
+    parents[i]: the draft token that draft token i follows, -1 for the last token."""
+    q = len(parents) + 1
+    depth = [0] * q
+    visible = [[False] * q for _ in range(q)]
+    visible[0][0] = True
+    for i, parent in enumerate(parents):
+        row, up = i + 1, int(parent) + 1
+        depth[row] = depth[up] + 1
+        visible[row] = list(visible[up])
+        visible[row][row] = True
+    return depth, visible
+
+
+def _children(draft: list[int], parents) -> dict:
+    """(block row of parent - 1, token) -> draft index: -1 is the last token."""
+    if parents is None:
+        return {(i - 1, token): i for i, token in enumerate(draft)}
+    return {(int(parent), token): i for i, (parent, token) in enumerate(zip(parents, draft))}
+
+
 def speculative_greedy(
     prompt: torch.Tensor,
     session,
@@ -84,6 +113,7 @@ def speculative_greedy(
     keep_scores: bool = False,
     keep_logits: bool = False,
     sample: bool = False,
+    keep_path: Callable[[list[int], int], None] | None = None,
 ) -> DecodeResult:
     """Decoding of ``prompt`` (1, P) with drafts from ``session``: greedy decoding returns
     exactly the tokens plain greedy decoding would produce; ``sample=True`` draws every token
@@ -143,34 +173,53 @@ def speculative_greedy(
 
         # 1. Propose: at most budget - 1 draft tokens, since the step also emits the target's own.
         t0 = time.perf_counter()
-        draft = session.propose(max_tokens=stop.max_length - cur_len - 1).tokens.tolist()
+        proposal = session.propose(max_tokens=stop.max_length - cur_len - 1, tree=keep_path is not None)
         stats.drafter_seconds += time.perf_counter() - t0
+        draft, parents = proposal.tokens.tolist(), proposal.parents
         k = len(draft)
-        seq.write(cur_len, draft)
 
-        # 2. One forward over [last, *draft] (1, k+1) -> logits (k+1, V).
-        logits = forward(seq.data[:, cur_len - 1 : cur_len + k], cur_len - 1, k + 1)
+        # 2. One forward over [last, *draft] (1, k+1) -> logits (k+1, V); a tree draft goes
+        # with its layout (positions by depth, each token seeing only its ancestors).
+        if parents is None:
+            seq.write(cur_len, draft)
+            logits = forward(seq.data[:, cur_len - 1 : cur_len + k], cur_len - 1, k + 1)
+        else:
+            ids = torch.tensor([[int(seq.data[0, cur_len - 1])] + draft], device=seq.data.device)
+            logits = forward(ids, cur_len - 1, k + 1, tree_layout(parents))
 
         # 3. Verify: keep draft tokens while they equal the target's greedy (or sampled) choice.
-        if process is None and not (keep_scores or keep_logits or sample):
+        if parents is None and process is None and not (keep_scores or keep_logits or sample):
             targets = logits.argmax(-1).tolist()  # the step's one host-device sync
             accepted = 0
             while accepted < k and draft[accepted] == targets[accepted]:
                 accepted += 1
-            emitted = draft[:accepted] + [targets[accepted]]
-        else:  # processors and sampling need the exact prefix per position: go one by one
-            emitted = []
-            for j in range(k + 1):
-                target = choose(cur_len + j, logits[j : j + 1])
+            emitted, path = draft[:accepted] + [targets[accepted]], None
+        else:  # walk the chain or tree; processors and sampling see the exact prefix per position
+            children = _children(draft, parents)
+            fast = process is None and not (keep_scores or keep_logits or sample)
+            targets = logits.argmax(-1).tolist() if fast else None
+            emitted, path, row = [], [], 0  # row 0: the last token; draft token i is row i + 1
+            while True:
+                target = targets[row] if fast else choose(cur_len + len(emitted), logits[row : row + 1])
                 emitted.append(target)
-                if j == k or draft[j] != target:
+                node = children.get((row - 1, target))
+                if node is None:
                     break
-            accepted = len(emitted) - 1
+                path.append(node)
+                row = node + 1
+                if parents is not None:  # a chain's tokens are in seq already
+                    seq.write(cur_len + len(emitted) - 1, [target])
+            accepted = len(path)
+            if parents is None or path == list(range(accepted)):
+                path = None  # a prefix of the block: a crop suffices
 
-        # 4. Accept: the cache holds [.., last, d1..dk]; keep last + d1..d_accepted.
-        crop(k - accepted)
+        # 4. Accept: the cache holds [.., last, d1..dk]; keep last + the accepted tokens.
+        if path is None:
+            crop(k - accepted)
+        else:
+            keep_path([0] + [node + 1 for node in path], k + 1)
         # 5. Record stats; the new tokens are written, checked for stops and streamed above.
-        stats.record_step(k, accepted)
+        stats.record_step(k, accepted, declined=k == 0 and proposal.source_start >= 0)
 
     if streamer is not None:
         streamer.end()

@@ -193,6 +193,8 @@ def ngram_generate(
                 if ngram_speculator.config.payoff_sizing else None,
                 process=[_processors_for_row(logits_processor, b) for b in range(batch)], **settings,
             )
+            for session in sessions:
+                session.finish()
             sequences, scores, logits, stats = result.sequences, result.scores, result.logits, result.stats
             cache = None  # holds masked holes: not a cache plain decoding could continue from
         else:
@@ -315,26 +317,31 @@ def _batch_callables(model, cache):
 def _decode_row(model, input_ids, attention_mask, positions, cache, speculator, capacity, streamer=None, **settings):
     """One sequence (1, P), possibly left-padded, through ``decode.speculative_greedy``."""
     prompt_len = input_ids.shape[1]
+    # New tokens sit right after the prompt's last real token: position = real tokens so far.
+    real_in_prompt = int(attention_mask.sum()) if attention_mask is not None else prompt_len
+    mask = torch.ones((1, prompt_len + 4096), dtype=torch.long, device=input_ids.device)
     if attention_mask is not None:
-        # New tokens sit right after the prompt's last real token: position = real tokens so far.
-        real_in_prompt = int(attention_mask.sum())
-        mask = torch.ones((1, prompt_len + 4096), dtype=attention_mask.dtype, device=input_ids.device)
         mask[:, :prompt_len] = attention_mask
 
-    def forward(ids: torch.Tensor, start: int, keep: int) -> torch.Tensor:
+    def forward(ids: torch.Tensor, start: int, keep: int, tree=None) -> torch.Tensor:
         # ids: (1, q) at stream positions start..start+q-1; returns float32 logits (keep, V).
         q = ids.shape[1]
         extra = {}
         if start == 0:
             extra["position_ids"] = positions
             extra["attention_mask"] = attention_mask
-        elif attention_mask is not None:
+        elif attention_mask is not None or tree is not None:
             nonlocal mask
             if start + q > mask.shape[1]:
                 mask = torch.cat([mask, torch.ones_like(mask)], dim=1)
-            extra["attention_mask"] = mask[:, : start + q]
             first = real_in_prompt + (start - prompt_len)
-            extra["position_ids"] = torch.arange(first, first + q, device=ids.device).unsqueeze(0)
+            if tree is None:
+                extra["attention_mask"] = mask[:, : start + q]
+                extra["position_ids"] = torch.arange(first, first + q, device=ids.device).unsqueeze(0)
+            else:
+                depth, visible = tree
+                extra["position_ids"] = (first + torch.tensor(depth, device=ids.device)).unsqueeze(0)
+                extra["attention_mask"] = _tree_mask(mask[:, :start], visible, model.dtype)
         out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep, **extra)
         if start == 0:
             # Sliding-window and linear-attention layers drop old states on update; recording
@@ -347,7 +354,37 @@ def _decode_row(model, input_ids, attention_mask, positions, cache, speculator, 
         cache.crop(-m)
 
     session = speculator.start(_real_tokens(input_ids, attention_mask, 0), capacity=capacity)
-    return speculative_greedy(input_ids, session, forward, crop, streamer=streamer, **settings)
+    trees = speculator.config.tree_branches > 1 and _shared_cache_ok(cache) and \
+        model.config._attn_implementation in ("eager", "sdpa")
+    result = speculative_greedy(input_ids, session, forward, crop, streamer=streamer,
+                                keep_path=functools.partial(_keep_path, cache) if trees else None, **settings)
+    session.finish()
+    return result
+
+
+def _tree_mask(past_mask: torch.Tensor, visible, dtype) -> torch.Tensor:
+    """Additive float mask (1, 1, q, past + q) for a tree block: past columns as the 2D mask
+    says, new columns per ``visible``. (An additive float mask is right for both sdpa and eager
+    attention; eager silently misreads a boolean one.)"""
+    q = len(visible)
+    allowed = torch.cat([past_mask.bool().expand(q, -1),
+                         torch.tensor(visible, dtype=torch.bool, device=past_mask.device)], dim=1)
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=past_mask.device)
+    additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return additive[None, None]
+
+
+def _keep_path(cache, rows: list[int], q: int) -> None:
+    """Of the last q cache entries keep ``rows`` (in order): compacts the cache to the accepted
+    path of a tree (its tokens were not contiguous in the verified block)."""
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        past = layer.keys.shape[2] - q
+        index = torch.cat([torch.arange(past, device=layer.keys.device),
+                           past + torch.tensor(rows, device=layer.keys.device)])
+        layer.keys = layer.keys.index_select(2, index)
+        layer.values = layer.values.index_select(2, index)
 
 
 def _join_rows(rows, prompt_len, pad_token_id, settings):

@@ -117,6 +117,35 @@ def index_longest_match(tokens, length, min_n, max_n, prefer_recent, slot_hash, 
 
 
 @njit(cache=True)
+def index_matches(tokens, length, min_n, max_n, slot_hash, slot_n, slot_first, slot_last, out):
+    """Every suffix match, longest first: row i of ``out`` gets ``(n, earliest_start,
+    latest_start)`` for the i-th matching suffix length n (continuation starts of its earliest
+    and latest earlier occurrence). Returns the number of rows written. Used to gather several
+    candidate continuations for one verification pass (a token tree)."""
+    end = length - 1
+    top = min(max_n, length)
+    hashes = np.empty(top + 1, dtype=np.uint64)
+    h = np.uint64(0)
+    for n in range(1, top + 1):
+        h = _mix(h, tokens[end - n + 1])
+        hashes[n] = h
+    mask = slot_hash.shape[0] - 1
+    rows = 0
+    for n in range(top, min_n - 1, -1):
+        h = hashes[n]
+        i = np.int64(h & np.uint64(mask))
+        while slot_n[i] != EMPTY:
+            if slot_hash[i] == h and slot_n[i] == n and _same_ngram(tokens, slot_last[i], end, n):
+                out[rows, 0] = n
+                out[rows, 1] = slot_first[i] + 1
+                out[rows, 2] = slot_last[i] + 1
+                rows += 1
+                break
+            i = (i + 1) & mask
+    return rows
+
+
+@njit(cache=True)
 def index_rehash(slot_hash, slot_n, slot_first, slot_last, new_hash, new_n, new_first, new_last):
     """Move every used slot into a larger, empty table (same hashes, new positions)."""
     mask = new_hash.shape[0] - 1
@@ -179,6 +208,18 @@ class NgramIndex:
         )
         return int(n), int(start)
 
+    def matches(self) -> np.ndarray:
+        """(m, 3) int64 rows ``(n, earliest_start, latest_start)``, one per matching suffix
+        length n, longest first (m = 0 when nothing matches)."""
+        out = np.zeros((self.max_n - self.min_n + 1, 3), dtype=np.int64)
+        if self.length == 0:
+            return out[:0]
+        rows = index_matches(
+            self.tokens, self.length, self.min_n, self.max_n,
+            self.slot_hash, self.slot_n, self.slot_first, self.slot_last, out,
+        )
+        return out[:rows]
+
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(4, int(n - 1).bit_length())
@@ -213,6 +254,15 @@ class ReferenceNgramIndex:
                 return n, (last if self.prefer_recent else first) + 1
         return 0, -1
 
+    def matches(self) -> np.ndarray:
+        rows = []
+        for n in range(min(self.max_n, len(self.tokens)), self.min_n - 1, -1):
+            key = tuple(self.tokens[len(self.tokens) - n :])
+            if key in self.occurrences:
+                first, last = self.occurrences[key]
+                rows.append((n, first + 1, last + 1))
+        return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
 
 def warm_up() -> None:
     """Run every kernel once so the first real request pays no JIT (or cache-load) time."""
@@ -220,3 +270,4 @@ def warm_up() -> None:
     index.append(np.array([1, 2, 3, 1, 2], dtype=np.int32))
     index.append(np.arange(40, dtype=np.int32))  # forces a table rehash
     index.longest_match()
+    index.matches()

@@ -19,11 +19,15 @@ class DecodeStats:
     new_tokens: int = 0
     target_forwards: int = 0
     steps_with_draft: int = 0
+    # Steps where a match existed but drafting was judged not to pay (payoff sizing, or the
+    # batch rule): plain decoding steps chosen on purpose, i.e. speculation switched off.
+    declined_steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     accepted_per_step: list[int] = field(default_factory=list)  # per decode forward (prefill excluded)
+    verified_per_step: list[int] = field(default_factory=list)  # draft tokens verified per forward
     drafter_seconds: float = 0.0
     wall_seconds: float = 0.0
     stop_reason: str = ""
@@ -31,9 +35,11 @@ class DecodeStats:
     def record_prefill(self) -> None:
         self.target_forwards += 1
 
-    def record_step(self, drafted: int, accepted: int) -> None:
+    def record_step(self, drafted: int, accepted: int, declined: bool = False) -> None:
         self.target_forwards += 1
+        self.declined_steps += declined
         self.accepted_per_step.append(accepted)
+        self.verified_per_step.append(drafted)
         if drafted == 0:
             return
         self.steps_with_draft += 1
@@ -75,6 +81,7 @@ class DecodeStats:
             "new_tokens": self.new_tokens,
             "target_forwards": self.target_forwards,
             "steps_with_draft": self.steps_with_draft,
+            "declined_steps": self.declined_steps,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
             "mat": round(self.mat, 4),

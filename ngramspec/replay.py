@@ -61,9 +61,7 @@ def replay(session, output_ids, cost: ForwardCost | None = None) -> ReplayResult
         draft = session.propose(max_tokens=len(output) - pos - 1)
         stats.drafter_seconds += time.perf_counter() - t0
         k = len(draft)
-        target = output[pos : pos + k]
-        mismatch = np.flatnonzero(draft.tokens != target)
-        accepted = int(mismatch[0]) if mismatch.size else k
+        accepted = accepted_length(draft.tokens, draft.parents, output[pos : pos + k])
         stats.record_step(k, accepted)
         total_cost += cost(k + 1)
         emitted = accepted + 1
@@ -71,4 +69,24 @@ def replay(session, output_ids, cost: ForwardCost | None = None) -> ReplayResult
         session.extend(output[pos : pos + emitted])
         stats.drafter_seconds += time.perf_counter() - t0
         pos += emitted
+    finish = getattr(session, "finish", None)
+    if finish is not None:
+        finish()
     return ReplayResult(stats, total_cost)
+
+
+def accepted_length(tokens: np.ndarray, parents, target: np.ndarray) -> int:
+    """Draft tokens a greedy verifier keeps when the target continues with ``target``: the
+    longest prefix of a chain, or the deepest path of a tree (``parents[i]``: the node token i
+    follows, -1 for the root) whose tokens equal ``target`` from the start."""
+    if parents is None:
+        n = min(len(tokens), len(target))
+        mismatch = np.flatnonzero(tokens[:n] != target[:n])
+        return int(mismatch[0]) if mismatch.size else n
+    node, depth = -1, 0
+    while depth < len(target):
+        children = np.flatnonzero((parents == node) & (tokens == target[depth]))
+        if not children.size:
+            break
+        node, depth = int(children[0]), depth + 1
+    return depth

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import SpeculatorConfig
+from rapidfuzz.distance import Levenshtein
+
 from .index import NgramIndex, warm_up
 
 
@@ -45,14 +47,48 @@ class Draft:
         return int(self.tokens.shape[0])
 
 
+# Fuzzy re-alignment: tried for up to FUZZY_WINDOW tokens after a copy broke, comparing the
+# last FUZZY_CONTEXT tokens, searching up to FUZZY_AHEAD tokens past the expected place;
+# it outranks index matches shorter than FUZZY_BELOW_N tokens.
+FUZZY_WINDOW = 12
+FUZZY_CONTEXT = 6
+FUZZY_AHEAD = 16
+FUZZY_BELOW_N = 3
+# Tree branches may add positions while the forward costs at most this much more than the chain.
+TREE_COST_SLACK = 0.1
+
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 _NO_TOKENS.flags.writeable = False
 
 
-class SpeculationSession:
-    """Drafting state of one request: the token stream (prompt + emitted tokens) and its index."""
+@dataclass(frozen=True)
+class _Candidate:
+    """One possible continuation: ``source[start:]``, found by ``kind`` (an acceptance bucket)."""
 
-    def __init__(self, config: SpeculatorConfig, prompt_ids, capacity: int = 0):
+    kind: int
+    start: int
+    match_len: int
+    source: np.ndarray  # the stream itself, or the shared history's tokens
+    own: bool = True  # drawn from this request's stream (copies may run into the suffix)
+
+
+class SpeculationSession:
+    """Drafting state of one request: the token stream (prompt + emitted tokens) and its index.
+
+    Where a draft comes from, in order of preference (each behind a config switch):
+
+    1. the **copy cursor**: while the output keeps copying one earlier span, the next tokens of
+       that span (the cursor follows every emitted token and breaks on the first that differs);
+    2. the **index**: the longest earlier occurrence of the text's suffix (n in [min_n, max_n]);
+    3. **fuzzy re-alignment**: right after the copy broke (the model changed a word), the place
+       in the copied span that best aligns with what was emitted since (Levenshtein over tokens,
+       by rapidfuzz), so copying resumes before min_n exact tokens match again;
+    4. the speculator's **history** of earlier outputs, when this request has no match.
+
+    With ``tree_branches > 1`` the other candidates join the first as branches of a token tree.
+    """
+
+    def __init__(self, config: SpeculatorConfig, prompt_ids, capacity: int = 0, history=None):
         prompt = _as_token_array(prompt_ids)
         self.config = config
         self.index = NgramIndex(
@@ -62,13 +98,31 @@ class SpeculationSession:
             prefer_recent=config.match == "recent",
         )
         self.index.append(prompt)
-        # Payoff sizing: per match length n, accepted draft tokens and rejections seen so far.
-        # A drafted token is accepted with probability r = accepted / (accepted + rejected),
-        # given the one before it was (a geometric run; fully accepted drafts are censored).
+        self.prompt_length = int(prompt.shape[0])
+        self._history = history
+        # Payoff sizing: per acceptance bucket (match length n, or the cursor / fuzzy / history
+        # kinds above max_n), accepted draft tokens and rejections seen so far. A drafted token
+        # is accepted with probability r = accepted / (accepted + rejected), given the one
+        # before it was (a geometric run; fully accepted drafts are censored).
         self._costs = config.verify_costs()
-        self._accepted = np.zeros(config.max_n + 1)
-        self._rejected = np.zeros(config.max_n + 1)
-        self._pending: tuple[np.ndarray, int] | None = None  # last draft and its match length
+        self._accepted = np.zeros(config.max_n + 4)
+        self._rejected = np.zeros(config.max_n + 4)
+        self._pending = None  # (primary chain tokens, its bucket, own-stream branch starts)
+        self._cursor = -1  # stream position of the token expected next while copying, or -1
+        self._lost = (-1, -1)  # (stream length, source position) where the last copy broke
+
+    # Acceptance buckets beyond the match lengths 0..max_n.
+    @property
+    def _cursor_kind(self) -> int:
+        return self.config.max_n + 1
+
+    @property
+    def _fuzzy_kind(self) -> int:
+        return self.config.max_n + 2
+
+    @property
+    def _history_kind(self) -> int:
+        return self.config.max_n + 3
 
     @property
     def tokens(self) -> np.ndarray:
@@ -77,36 +131,138 @@ class SpeculationSession:
         view.flags.writeable = False
         return view
 
-    def propose(self, max_tokens: int | None = None, sized: bool = True) -> Draft:
+    def propose(self, max_tokens: int | None = None, sized: bool = True, tree: bool = True) -> Draft:
         """Draft up to ``max_tokens`` (default: the config's limit) tokens to verify next.
         ``sized=False`` skips payoff sizing (a batch loop sizes one length for all rows with
-        :func:`batch_draft_length` and reports what it verified to :meth:`extend`)."""
+        :func:`batch_draft_length` and reports what it verified to :meth:`extend`).
+        ``tree=False``: a plain chain even when ``tree_branches > 1`` (for loops or caches
+        that cannot verify trees)."""
         self._pending = None
-        match_len, start = self.index.longest_match()
-        if match_len == 0:
+        wanted = self.config.tree_branches if tree else 1
+        candidates = self._candidates(wanted)
+        if not candidates:
             return Draft(_NO_TOKENS)
+        first = candidates[0]
         limit = self.config.max_draft_tokens
         if max_tokens is not None:
             limit = min(limit, max_tokens)
-        acceptance = self._acceptance(match_len)
+        acceptance = self._acceptance(first.kind)
         if sized and self.config.payoff_sizing and limit > 0:
-            limit = self._best_length(match_len, acceptance, limit)
+            limit = self._best_length(first.kind, acceptance, limit)
         if limit <= 0:
-            return Draft(_NO_TOKENS, match_len=match_len, source_start=start, acceptance=acceptance)
-        # The copied span may run into the suffix itself (start + limit > length): the text
-        # is then periodic with period length - start, and the draft continues the period
-        # (a run "a b a b a" drafts "b a b a ..."), which np.resize does by repetition.
-        tokens = np.resize(self.index.tokens[start : self.index.length], limit).astype(np.int32, copy=False)
-        self._pending = (tokens, match_len)
-        return Draft(tokens, match_len=match_len, source_start=start, acceptance=acceptance)
+            return Draft(_NO_TOKENS, match_len=first.match_len, source_start=first.start, acceptance=acceptance)
+        tokens = self._continuation(first, limit)
+        parents = None
+        if len(candidates) > 1:
+            tokens, parents = self._tree(tokens, candidates[1:], limit)
+        branch_starts = tuple(c.start for c in candidates if c.own)
+        self._pending = (tokens[: limit], first.kind, branch_starts)
+        return Draft(tokens, parents, match_len=first.match_len, source_start=first.start, acceptance=acceptance)
 
-    def _acceptance(self, match_len: int) -> float:
-        """Posterior mean acceptance after matches of this length (prior weighs 2 drafts)."""
+    def _candidates(self, wanted: int) -> list[_Candidate]:
+        """Up to ``wanted`` distinct continuations, best first (order: class docstring). With
+        one wanted (a chain), the search stops at the first source that applies."""
+        stream, length = self.index.tokens, self.index.length
+        found: list[_Candidate] = []
+        if self.config.copy_cursor and 0 <= self._cursor < length:
+            found.append(_Candidate(self._cursor_kind, self._cursor, self.config.max_n, stream))
+            if wanted == 1:
+                return found
+        recent = self.config.match == "recent"
+        if wanted == 1:
+            n, start = self.index.longest_match()
+            matches = [(n, start, start)] if n else []
+        else:
+            matches = self.index.matches().tolist()
+        longest = matches[0][0] if matches else 0
+        if self.config.fuzzy_resync and not found and longest < FUZZY_BELOW_N:
+            start = self._realign()
+            if start >= 0:
+                found.append(_Candidate(self._fuzzy_kind, start, 0, stream))
+        for n, earliest, latest in matches:
+            found.append(_Candidate(n, latest if recent else earliest, n, stream))
+            if earliest != latest:
+                found.append(_Candidate(n, earliest if recent else latest, n, stream))
+        if self._history is not None and not found:
+            found.extend(self._history.candidates(stream[max(0, length - self.config.max_n) : length], self._history_kind))
+        unique, seen = [], set()
+        for c in found:
+            if (c.own, c.start) not in seen:
+                seen.add((c.own, c.start))
+                unique.append(c)
+                if len(unique) == wanted:
+                    break
+        return unique
+
+    def _continuation(self, c: _Candidate, limit: int) -> np.ndarray:
+        if c.own:
+            # The copied span may run into the suffix itself (start + limit > length): the text
+            # is then periodic with period length - start, and the draft continues the period
+            # (a run "a b a b a" drafts "b a b a ..."), which np.resize does by repetition.
+            return np.resize(self.index.tokens[c.start : self.index.length], limit).astype(np.int32, copy=False)
+        return np.ascontiguousarray(c.source[c.start : c.start + limit], dtype=np.int32)
+
+    def _tree(self, chain: np.ndarray, others: list[_Candidate], limit: int):
+        """Merge other candidates' continuations into a trie rooted at the last token.
+        Extra branches only take positions that cost at most ``tree_cost_slack`` more than
+        verifying the chain alone (on a GPU, many; on a small CPU, a few or none)."""
+        budget = len(chain)
+        ceiling = self.config.forward_cost(len(chain) + 1) * (1 + TREE_COST_SLACK)
+        while budget < self.config.max_tree_tokens and self.config.forward_cost(budget + 2) <= ceiling:
+            budget += 1
+        if budget == len(chain):
+            return chain, None
+        tokens, parents = list(chain), list(range(-1, len(chain) - 1))
+        children = {(p, int(t)): i for i, (p, t) in enumerate(zip(parents, tokens))}
+        for c in others:
+            parent = -1
+            for t in self._continuation(c, limit).tolist():
+                if (parent, t) in children:
+                    parent = children[(parent, t)]
+                    continue
+                if len(tokens) >= budget:
+                    break
+                tokens.append(t)
+                parents.append(parent)
+                parent = children[(parent, t)] = len(tokens) - 1
+        if len(tokens) == len(chain):
+            return chain, None
+        return np.array(tokens, dtype=np.int32), np.array(parents, dtype=np.int32)
+
+    def _realign(self) -> int:
+        """Where to resume copying after the copy broke ``since`` tokens ago (the model changed
+        a word): among the places c in the copied text, from just before the break to a little
+        past it, that follow an occurrence of the last emitted token, the one whose preceding
+        tokens best align with the last tokens emitted (normalised token Levenshtein
+        similarity, rapidfuzz); ties go to the place a same-length edit would reach. An
+        insertion resumes at the break, a substitution or deletion past it. -1: none."""
+        lost_at, lost_source = self._lost
+        length = self.index.length
+        since = length - lost_at
+        if lost_at < 0 or since > FUZZY_WINDOW or lost_source <= 0:
+            return -1
+        stream = self.index.tokens
+        last = stream[length - 1]
+        width = min(FUZZY_CONTEXT, length)
+        emitted = stream[length - width : length].tolist()
+        expected = lost_source + since  # where a same-length substitution would resume
+        best, best_key = -1, None
+        for c in range(max(1, lost_source - 2), min(expected + FUZZY_AHEAD, lost_at)):
+            if stream[c - 1] != last:
+                continue
+            w = min(width, c)
+            key = (-Levenshtein.normalized_similarity(emitted[-w:], stream[c - w : c].tolist()), abs(c - expected))
+            if best_key is None or key < best_key:
+                best, best_key = c, key
+        return best
+
+    def _acceptance(self, kind: int) -> float:
+        """Posterior mean acceptance for drafts of this kind (prior weighs 2 drafts)."""
         weight = 2.0
-        accepted = self._accepted[match_len] + weight * self.config.acceptance_prior
-        return float(accepted / (accepted + self._rejected[match_len] + weight * (1 - self.config.acceptance_prior)))
+        accepted = self._accepted[kind] + weight * self.config.acceptance_prior
+        return float(accepted / (accepted + self._rejected[kind] + weight * (1 - self.config.acceptance_prior)))
 
-    def _best_length(self, match_len: int, r: float, limit: int) -> int:
+    def _best_length(self, kind: int, r: float, limit: int) -> int:
         """Draft length in [0, limit] maximising expected emitted tokens per unit verify cost:
         (1 + r + r^2 + ... + r^k) / cost(k + 1), where a plain step scores 1 / cost(1) = 1."""
         best_k, best, expected, p = 0, 1.0, 1.0, 1.0
@@ -116,33 +272,108 @@ class SpeculationSession:
             value = expected / self._costs[k + 1]
             if value > best:
                 best_k, best = k, value
-        if best_k == 0:  # not drafting: let old evidence fade so this match length is retried
-            self._accepted[match_len] *= self.config.acceptance_memory
-            self._rejected[match_len] *= self.config.acceptance_memory
+        if best_k == 0:  # not drafting: let old evidence fade so this kind is retried
+            self._accepted[kind] *= self.config.acceptance_memory
+            self._rejected[kind] *= self.config.acceptance_memory
         return best_k
 
     def extend(self, accepted_tokens, verified: int | None = None) -> None:
         """Append tokens the target emitted (accepted draft tokens plus its own next token).
-        ``verified``: how many tokens of the last draft were actually verified, when the loop
-        cut the draft short (default: all of them)."""
+        ``verified``: how many tokens of the last (chain) draft were actually verified, when
+        the loop cut the draft short (default: all of them)."""
         tokens = _as_token_array(accepted_tokens)
+        branch_starts: tuple = ()
         if self._pending is not None:
-            # Learn from the last draft: how many of its tokens the target kept.
-            draft, match_len = self._pending
+            # Learn from the last draft: how many tokens of its first chain the target kept.
+            draft, kind, branch_starts = self._pending
             if verified is not None:
                 draft = draft[:verified]
                 if verified == 0:  # not verified at all: let old evidence fade, as sizing does
-                    self._accepted[match_len] *= self.config.acceptance_memory
-                    self._rejected[match_len] *= self.config.acceptance_memory
+                    self._accepted[kind] *= self.config.acceptance_memory
+                    self._rejected[kind] *= self.config.acceptance_memory
             n = min(len(draft), len(tokens))
             mismatch = np.flatnonzero(draft[:n] != tokens[:n])
             kept = int(mismatch[0]) if mismatch.size else n
-            self._accepted[match_len] += kept
-            self._rejected[match_len] += kept < len(draft)
+            self._accepted[kind] += kept
+            self._rejected[kind] += kept < len(draft)
             self._pending = None
         elif verified:
             raise ValueError("extend(verified=...) given, but no draft is pending.")
+        old_length = self.index.length
         self.index.append(tokens)
+        self._follow_copy(old_length, tokens, branch_starts)
+
+    def _follow_copy(self, old_length: int, tokens: np.ndarray, branch_starts: tuple) -> None:
+        """Move the copy cursor over the new tokens: it survives if some source it could be
+        following (the cursor, or a drafted branch) predicted every one of them."""
+        if not tokens.size:
+            return
+        stream = self.index.tokens
+        sources = ((self._cursor,) if self._cursor >= 0 else ()) + branch_starts
+        best_src, best_m = -1, -1
+        for src in sources:
+            m = 0
+            while m < tokens.size and stream[src + m] == tokens[m]:
+                m += 1
+            if m == tokens.size:
+                self._cursor = src + m
+                return
+            if m > best_m:
+                best_src, best_m = src, m
+        self._cursor = -1
+        if best_src >= 0:  # the copy broke here: remember where, for re-alignment
+            self._lost = (old_length + best_m, best_src + best_m)
+
+    def finish(self) -> None:
+        """End of the request: its output joins the speculator's history (when enabled)."""
+        if self._history is not None and self.index.length > self.prompt_length:
+            self._history.add(self.index.tokens[self.prompt_length : self.index.length])
+
+
+class History:
+    """Bounded store of earlier outputs, shared by a speculator's sessions (opt-in): an n-gram
+    index over the outputs, separated by a token id no model uses (-1). When full, it keeps
+    the newer half."""
+
+    def __init__(self, config: SpeculatorConfig):
+        self.config = config
+        self.capacity = config.history_tokens
+        self._reset(np.zeros(0, dtype=np.int32))
+
+    def _reset(self, tokens: np.ndarray) -> None:
+        self.index = NgramIndex(self.config.min_n, self.config.max_n, capacity=self.capacity + 64)
+        if tokens.size:
+            self.index.append(tokens)
+
+    def add(self, output: np.ndarray) -> None:
+        output = np.asarray(output, dtype=np.int32)[-self.capacity :]
+        if self.index.length + output.size + 1 > self.capacity:
+            kept = self.index.tokens[: self.index.length][-(self.capacity // 2) :]
+            self._reset(np.ascontiguousarray(kept))
+        self.index.append(np.concatenate([output, np.array([-1], dtype=np.int32)]))
+
+    def candidates(self, suffix: np.ndarray, kind: int) -> list[_Candidate]:
+        """Continuations after the longest occurrence of ``suffix``'s tail in the history."""
+        if self.index.length == 0 or suffix.size < self.config.min_n:
+            return []
+        # Probe by appending the suffix temporarily would mutate the index; search directly.
+        tokens, length = self.index.tokens, self.index.length
+        for n in range(min(self.config.max_n, suffix.size), self.config.min_n - 1, -1):
+            key = suffix[-n:]
+            hits = _find_last(tokens[:length], key)
+            if hits >= 0 and hits + n < length and tokens[hits + n] != -1:
+                return [_Candidate(kind, hits + n, n, tokens, own=False)]
+        return []
+
+
+def _find_last(haystack: np.ndarray, needle: np.ndarray) -> int:
+    """Start of the last occurrence of ``needle`` in ``haystack``, or -1 (vectorised scan)."""
+    n = needle.size
+    if haystack.size < n:
+        return -1
+    windows = np.lib.stride_tricks.sliding_window_view(haystack, n)
+    hits = np.flatnonzero((windows == needle).all(axis=1))
+    return int(hits[-1]) if hits.size else -1
 
 
 def batch_draft_length(drafts: list[Draft], cost=None) -> int:
@@ -194,12 +425,14 @@ class NgramSpeculator:
             config = dataclasses.replace(config, **settings)
         self.config = config
         self.last_stats = None
+        self.history = History(config) if config.history_tokens > 0 else None
         warm_up()
 
     def start(self, prompt_ids, capacity: int = 0) -> SpeculationSession:
         """Begin a request: index ``prompt_ids`` (1-D ints). ``capacity`` pre-sizes the index
-        for the expected total length (prompt + new tokens); it grows on demand anyway."""
-        return SpeculationSession(self.config, prompt_ids, capacity)
+        for the expected total length (prompt + new tokens); it grows on demand anyway.
+        Call ``session.finish()`` at the end so the output joins the history (if enabled)."""
+        return SpeculationSession(self.config, prompt_ids, capacity, history=self.history)
 
     def __repr__(self) -> str:
         return f"NgramSpeculator({self.config})"

@@ -56,3 +56,22 @@ def plain_generate(model, ids, **kwargs):
 
     original = GenerationMixin.generate._ngramspec_original
     return original(model, ids, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny random Llama with the default model's tokenizer: real text in and out,
+    model-sized nothing (for end-to-end runs of the harness and the CLI)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from ngramspec.models import default_model_dir
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -98,23 +98,6 @@ def test_report_summary_markdown_and_plots(tmp_path):
 
 # --- end to end on a tiny random model that uses the default model's tokenizer ---------------
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from ngramspec.models import default_model_dir
-
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"shared data not found at {tasks.default_data_dir()}")
 
 

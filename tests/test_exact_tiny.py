@@ -68,7 +68,7 @@ class ScriptedSession(SpeculationSession):
     def __init__(self, spec, prompt_len):
         self.spec, self.done = spec, 0
 
-    def propose(self, max_tokens=None):
+    def propose(self, max_tokens=None, sized=True, tree=True):
         k = self.spec.k if max_tokens is None else min(self.spec.k, max_tokens)
         true = self.spec.continuation[self.done : self.done + k]
         if self.spec.mode == "wrong":
@@ -77,8 +77,11 @@ class ScriptedSession(SpeculationSession):
             true = true[: len(true) // 2] + [(t + 1) % 40 for t in true[len(true) // 2 :]]
         return Draft(np.array(true, dtype=np.int32))
 
-    def extend(self, accepted_tokens):
+    def extend(self, accepted_tokens, verified=None):
         self.done += len(accepted_tokens)
+
+    def finish(self):
+        pass
 
 
 @pytest.mark.parametrize("mode", ["right", "wrong", "half"])

@@ -25,6 +25,7 @@ def test_index_matches_reference(min_n, extra_n, prefer_recent, vocab, chunks, c
         fast.append(tokens)
         slow.append(tokens)
         assert fast.longest_match() == slow.longest_match()
+        assert fast.matches().tolist() == slow.matches().tolist()
     assert fast.tokens[: fast.length].tolist() == slow.tokens
 
 
@@ -32,6 +33,10 @@ def test_worked_example_from_docstring():
     index = NgramIndex(1, 3)
     index.append(np.array([5, 6, 7, 5, 6], dtype=np.int32))
     assert index.longest_match() == (2, 2)
+    # every matching suffix length: (n, earliest continuation, latest continuation)
+    assert index.matches().tolist() == [[2, 2, 2], [1, 2, 2]]
+    index.append(np.array([7, 5], dtype=np.int32))  # [5 6 7 5 6 7 5]: (7 5) ended at 3 and 6
+    assert index.matches().tolist() == [[3, 4, 4], [2, 4, 4], [1, 1, 4]]
 
 
 def test_recent_and_earliest_differ():

@@ -1,0 +1,121 @@
+"""Where drafts come from: copy cursor, fuzzy re-alignment, token trees, cross-request history."""
+
+import numpy as np
+import pytest
+import torch
+
+from ngramspec import NgramSpeculator
+from ngramspec.replay import accepted_length
+
+from conftest import plain_generate
+
+FLAT = ((1, 1.0), (64, 1.0))  # verification costs the same at any size: trees take branches
+
+
+def session_of(prompt, **settings):
+    settings = {"payoff_sizing": False, "fuzzy_resync": False, **settings}
+    return NgramSpeculator(**settings).start(np.array(prompt))
+
+
+def test_cursor_follows_a_copy_and_breaks_on_a_difference():
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 5, 6]
+    session = session_of(prompt, min_n=2, max_draft_tokens=3)
+    assert session.propose().tokens.tolist() == [7, 8, 9]  # index: "5 6" -> 7 8 9
+    session.extend([7, 8])
+    assert session._cursor == 4  # the copy continues at 9
+    assert session.propose().tokens.tolist() == [9, 10, 11]
+    session.extend([9, 99])  # the target diverged: cursor breaks, break point recorded
+    assert session._cursor == -1 and session._lost == (len(prompt) + 3, 5)  # at 99, source expected 10
+
+
+def test_cursor_prefers_the_followed_span_over_a_more_recent_match():
+    # Two copies of "1 2 3" with different continuations; the output copies the first one.
+    prompt = [1, 2, 3, 4, 5, 6, 50, 1, 2, 3, 7, 8, 60, 1, 2]
+    with_cursor = session_of(prompt, min_n=2, max_draft_tokens=2, copy_cursor=True)
+    without = session_of(prompt, min_n=2, max_draft_tokens=2, copy_cursor=False)
+    for s in (with_cursor, without):
+        s._cursor = 2  # following the first span: "1 2" was copied from positions 0-1
+        s.extend([3])
+    assert with_cursor.propose().tokens.tolist() == [4, 5]  # the followed span
+    assert without.propose().tokens.tolist() == [7, 8]  # the most recent "2 3"
+
+
+def test_fuzzy_resync_after_a_substituted_word():
+    # Source "10 .. 17"; the output copies "10 11", writes 99 instead of 12, then 13 (the
+    # source's next word): exact 2-gram lookup ("99 13") finds nothing to copy.
+    prompt = [10, 11, 12, 13, 14, 15, 16, 17, 30, 10, 11]
+    on = session_of(prompt, min_n=2, max_draft_tokens=3, fuzzy_resync=True)
+    off = session_of(prompt, min_n=2, max_draft_tokens=3, fuzzy_resync=False)
+    for s in (on, off):
+        assert s.propose().tokens.tolist() == [12, 13, 14]
+        s.extend([99])  # the substitution
+        assert s.propose().tokens.tolist() == []
+        s.extend([13])
+    assert off.propose().tokens.tolist() == []
+    assert on.propose().tokens.tolist() == [14, 15, 16]  # resumed after "13" in the source
+
+
+def test_history_drafts_from_an_earlier_output():
+    spec = NgramSpeculator(min_n=2, max_draft_tokens=4, payoff_sizing=False, history_tokens=64)
+    first = spec.start(np.array([1, 2, 3]))
+    first.extend([20, 21, 22, 23, 24, 25])
+    first.finish()
+    second = spec.start(np.array([4, 5, 20, 21]))  # its own text has "20 21" only at the end
+    assert second.propose().tokens.tolist() == [22, 23, 24, 25]
+    alone = NgramSpeculator(min_n=2, max_draft_tokens=4, payoff_sizing=False).start(np.array([4, 5, 20, 21]))
+    assert alone.propose().tokens.tolist() == []
+
+
+def test_history_is_bounded_and_keeps_the_newest():
+    spec = NgramSpeculator(history_tokens=32)
+    for i in range(20):
+        session = spec.start(np.array([1]))
+        session.extend(np.arange(100 + 10 * i, 110 + 10 * i))
+        session.finish()
+    assert spec.history.index.length <= 32
+    assert 295 in spec.history.index.tokens[: spec.history.index.length]  # the last output
+
+
+def test_tree_merges_candidates_into_a_trie():
+    # "1 2" followed by "3 4 5" and by "6 7 8": a tree with both branches.
+    prompt = [1, 2, 3, 4, 5, 0, 1, 2, 6, 7, 8, 0, 1, 2]
+    session = session_of(prompt, min_n=2, max_n=2, max_draft_tokens=3, tree_branches=2, verify_cost=FLAT)
+    draft = session.propose()
+    assert draft.tokens.tolist() == [6, 7, 8, 3, 4, 5]  # the most recent first, then the other
+    assert draft.parents.tolist() == [-1, 0, 1, -1, 3, 4]
+    assert accepted_length(draft.tokens, draft.parents, np.array([3, 4, 9])) == 2
+    assert accepted_length(draft.tokens, draft.parents, np.array([6, 7, 8])) == 3
+
+
+def test_tree_branches_respect_the_cost_curve():
+    prompt = [1, 2, 3, 4, 5, 0, 1, 2, 6, 7, 8, 0, 1, 2]
+    steep = ((1, 1.0), (64, 64.0))  # every extra position costs a token: no branches
+    session = session_of(prompt, min_n=2, max_n=2, max_draft_tokens=3, tree_branches=2, verify_cost=steep)
+    assert session.propose().parents is None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_drafts_are_exact_and_used(tiny_model, seed):
+    """Greedy with token trees (several candidate continuations per pass) equals plain greedy;
+    some steps accept a path that is not a prefix of the verified block (KV compaction)."""
+    import ngramspec.hf as hf
+
+    paths = []
+    original = hf._keep_path
+    hf._keep_path = lambda cache, rows, q: (paths.append(rows), original(cache, rows, q))
+    try:
+        rng = np.random.default_rng(seed)
+        spec = NgramSpeculator(min_n=1, tree_branches=4, verify_cost=FLAT)
+        for _ in range(6):
+            length = int(rng.integers(5, 60))
+            phrase = rng.integers(2, 40, size=max(2, length // 3))
+            prompt = np.concatenate([phrase] * 3 + [rng.integers(2, 40, size=length)])[:length]
+            ids = torch.tensor([prompt.tolist()])
+            max_new = int(rng.integers(5, 80))
+            for kwargs in (dict(), dict(repetition_penalty=1.3)):
+                expected = plain_generate(tiny_model, ids, max_new_tokens=max_new, **kwargs)
+                got = tiny_model.generate(ids, max_new_tokens=max_new, ngram_speculator=spec, **kwargs)
+                assert got.tolist() == expected.tolist()
+    finally:
+        hf._keep_path = original
+    assert paths, "no tree step accepted a non-prefix path: compaction untested"
