@@ -10,35 +10,11 @@ repeats, interleaving all q values so drift hits them alike. Prints the median r
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
-from transformers import DynamicCache
 
 import ngramspec
-
-
-def measure(model, context: int, qs: list[int], repeats: int) -> dict[int, float]:
-    device = next(model.parameters()).device
-    vocab = model.config.vocab_size
-    cache = DynamicCache(config=model.config)
-    times: dict[int, list[float]] = {q: [] for q in qs}
-    with torch.no_grad():
-        model(input_ids=torch.randint(0, vocab, (1, context), device=device), cache=cache, logits_to_keep=1)
-        for rep in range(repeats + 2):
-            for q in qs:
-                ids = torch.randint(0, vocab, (1, q), device=device)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                model(input_ids=ids, cache=cache, logits_to_keep=q).logits.argmax(-1).tolist()
-                elapsed = time.perf_counter() - start
-                cache.crop(-q)
-                if rep >= 2:  # the first two rounds warm up kernels and allocators
-                    times[q].append(elapsed)
-    base = statistics.median(times[1])
-    return {q: statistics.median(t) / base for q, t in times.items()} | {0: base}
+from ngramspec.costs import measure_cost_curve
 
 
 def main(argv=None) -> int:
@@ -57,7 +33,7 @@ def main(argv=None) -> int:
         model, _ = ngramspec.load_model(args.model)
     except (ValueError, ngramspec.ModelNotFoundError) as err:
         parser.exit(2, f"error: {err}\n")
-    curve = measure(model, args.context, qs, args.repeats)
+    curve = measure_cost_curve(model, args.context, qs, args.repeats)
     base = curve.pop(0)
     print(f"model {args.model}, device {next(model.parameters()).device}, torch threads {torch.get_num_threads()}, "
           f"context {args.context}: one-token forward {base * 1e3:.1f} ms (median of {args.repeats})")

@@ -141,15 +141,16 @@ def speculative_batch(
             seq.write(prompt_len + len(new_tokens[b]), draft_tokens[b], row=b)
 
         # 2. One forward over [last, d1..dK] per row: ids (A, K+1), filler after short drafts.
+        # Built on the host, then moved in one copy each (the index and drafts live on the host).
         rows_n = len(active)
-        ids = torch.full((rows_n, width + 1), pad_token_id, dtype=torch.long, device=device)
-        step_mask = torch.zeros((rows_n, width + 1), dtype=mask.dtype, device=device)
+        ids = torch.full((rows_n, width + 1), pad_token_id, dtype=torch.long)
+        step_mask = torch.zeros((rows_n, width + 1), dtype=mask.dtype)
         for a, b in enumerate(active):
             k = len(draft_tokens[b])
             ids[a, 0] = new_tokens[b][-1]
-            if k:
-                ids[a, 1 : k + 1] = torch.as_tensor(draft_tokens[b], device=device)
+            ids[a, 1 : k + 1] = torch.tensor(draft_tokens[b], dtype=torch.long)
             step_mask[a, : k + 1] = 1  # filler positions are never attended to
+        ids, step_mask = ids.to(device, non_blocking=True), step_mask.to(device, non_blocking=True)
         positions = next_position[:, None] + torch.arange(width + 1, device=device)  # (A, K+1)
         logits = forward(ids, positions, torch.cat([mask, step_mask], dim=1), width + 1)  # (A, K+1, V)
 

@@ -117,6 +117,37 @@ def index_longest_match(tokens, length, min_n, max_n, prefer_recent, slot_hash, 
 
 
 @njit(cache=True)
+def index_find(tokens, key, min_n, max_n, prefer_recent, slot_hash, slot_n, slot_first, slot_last):
+    """Like :func:`index_longest_match`, but for the suffixes of another sequence ``key``
+    (1-D int32): the longest n in [min_n, max_n] whose last n tokens of ``key`` occurred in
+    this stream. Returns ``(n, start)`` or ``(0, -1)``. (A shared history answers queries from
+    other requests' text this way, in O(max_n^2) whatever its size.)"""
+    top = min(max_n, key.shape[0])
+    hashes = np.empty(top + 1, dtype=np.uint64)
+    h = np.uint64(0)
+    for n in range(1, top + 1):
+        h = _mix(h, key[key.shape[0] - n])
+        hashes[n] = h
+    mask = slot_hash.shape[0] - 1
+    for n in range(top, min_n - 1, -1):
+        h = hashes[n]
+        i = np.int64(h & np.uint64(mask))
+        while slot_n[i] != EMPTY:
+            if slot_hash[i] == h and slot_n[i] == n:
+                end = slot_last[i]
+                same = True
+                for k in range(n):
+                    if tokens[end - k] != key[key.shape[0] - 1 - k]:
+                        same = False
+                        break
+                if same:
+                    found = slot_last[i] if prefer_recent else slot_first[i]
+                    return n, found + 1
+            i = (i + 1) & mask
+    return 0, -1
+
+
+@njit(cache=True)
 def index_matches(tokens, length, min_n, max_n, slot_hash, slot_n, slot_first, slot_last, out):
     """Every suffix match, longest first: row i of ``out`` gets ``(n, earliest_start,
     latest_start)`` for the i-th matching suffix length n (continuation starts of its earliest
@@ -208,6 +239,18 @@ class NgramIndex:
         )
         return int(n), int(start)
 
+    def find(self, key: np.ndarray) -> tuple[int, int]:
+        """``(n, continuation_start)`` for the longest suffix of ``key`` (1-D ints) that occurs
+        in this stream (n in [min_n, max_n]); ``(0, -1)`` if none."""
+        key = np.ascontiguousarray(key, dtype=np.int32)
+        if self.length == 0 or key.shape[0] == 0:
+            return 0, -1
+        n, start = index_find(
+            self.tokens, key, self.min_n, self.max_n, self.prefer_recent,
+            self.slot_hash, self.slot_n, self.slot_first, self.slot_last,
+        )
+        return int(n), int(start)
+
     def matches(self) -> np.ndarray:
         """(m, 3) int64 rows ``(n, earliest_start, latest_start)``, one per matching suffix
         length n, longest first (m = 0 when nothing matches)."""
@@ -254,6 +297,14 @@ class ReferenceNgramIndex:
                 return n, (last if self.prefer_recent else first) + 1
         return 0, -1
 
+    def find(self, key) -> tuple[int, int]:
+        key = [int(t) for t in key]
+        for n in range(min(self.max_n, len(key)), self.min_n - 1, -1):
+            if tuple(key[len(key) - n :]) in self.occurrences:
+                first, last = self.occurrences[tuple(key[len(key) - n :])]
+                return n, (last if self.prefer_recent else first) + 1
+        return 0, -1
+
     def matches(self) -> np.ndarray:
         rows = []
         for n in range(min(self.max_n, len(self.tokens)), self.min_n - 1, -1):
@@ -271,3 +322,4 @@ def warm_up() -> None:
     index.append(np.arange(40, dtype=np.int32))  # forces a table rehash
     index.longest_match()
     index.matches()
+    index.find(np.array([1, 2], dtype=np.int32))

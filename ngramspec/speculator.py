@@ -21,6 +21,7 @@ import numpy as np
 from .config import SpeculatorConfig
 from rapidfuzz.distance import Levenshtein
 
+from .history import SEPARATOR, History
 from .index import NgramIndex, warm_up
 
 
@@ -138,18 +139,19 @@ class SpeculationSession:
         ``tree=False``: a plain chain even when ``tree_branches > 1`` (for loops or caches
         that cannot verify trees)."""
         self._pending = None
-        wanted = self.config.tree_branches if tree else 1
-        candidates = self._candidates(wanted)
-        if not candidates:
-            return Draft(_NO_TOKENS)
-        first = candidates[0]
         limit = self.config.max_draft_tokens
         if max_tokens is not None:
             limit = min(limit, max_tokens)
+        if limit <= 0:  # no room left for a draft (the last token): nothing to decide
+            return Draft(_NO_TOKENS)
+        candidates = self._candidates(self.config.tree_branches if tree else 1)
+        if not candidates:
+            return Draft(_NO_TOKENS)
+        first = candidates[0]
         acceptance = self._acceptance(first.kind)
-        if sized and self.config.payoff_sizing and limit > 0:
+        if sized and self.config.payoff_sizing:
             limit = self._best_length(first.kind, acceptance, limit)
-        if limit <= 0:
+        if limit <= 0:  # a match, but drafting would not pay: a plain step ("declined")
             return Draft(_NO_TOKENS, match_len=first.match_len, source_start=first.start, acceptance=acceptance)
         tokens = self._continuation(first, limit)
         parents = None
@@ -184,7 +186,9 @@ class SpeculationSession:
             if earliest != latest:
                 found.append(_Candidate(n, earliest if recent else latest, n, stream))
         if self._history is not None and not found:
-            found.extend(self._history.candidates(stream[max(0, length - self.config.max_n) : length], self._history_kind))
+            n, start = self._history.find(stream[max(0, length - self.config.max_n) : length])
+            if n:
+                found.append(_Candidate(self._history_kind, start, n, self._history.tokens, own=False))
         unique, seen = [], set()
         for c in found:
             if (c.own, c.start) not in seen:
@@ -200,7 +204,9 @@ class SpeculationSession:
             # is then periodic with period length - start, and the draft continues the period
             # (a run "a b a b a" drafts "b a b a ..."), which np.resize does by repetition.
             return np.resize(self.index.tokens[c.start : self.index.length], limit).astype(np.int32, copy=False)
-        return np.ascontiguousarray(c.source[c.start : c.start + limit], dtype=np.int32)
+        copied = np.ascontiguousarray(c.source[c.start : c.start + limit], dtype=np.int32)
+        end = np.flatnonzero(copied == SEPARATOR)  # a history copy stops where its output ended
+        return copied[: end[0]] if end.size else copied
 
     def _tree(self, chain: np.ndarray, others: list[_Candidate], limit: int):
         """Merge other candidates' continuations into a trie rooted at the last token.
@@ -330,52 +336,6 @@ class SpeculationSession:
             self._history.add(self.index.tokens[self.prompt_length : self.index.length])
 
 
-class History:
-    """Bounded store of earlier outputs, shared by a speculator's sessions (opt-in): an n-gram
-    index over the outputs, separated by a token id no model uses (-1). When full, it keeps
-    the newer half."""
-
-    def __init__(self, config: SpeculatorConfig):
-        self.config = config
-        self.capacity = config.history_tokens
-        self._reset(np.zeros(0, dtype=np.int32))
-
-    def _reset(self, tokens: np.ndarray) -> None:
-        self.index = NgramIndex(self.config.min_n, self.config.max_n, capacity=self.capacity + 64)
-        if tokens.size:
-            self.index.append(tokens)
-
-    def add(self, output: np.ndarray) -> None:
-        output = np.asarray(output, dtype=np.int32)[-self.capacity :]
-        if self.index.length + output.size + 1 > self.capacity:
-            kept = self.index.tokens[: self.index.length][-(self.capacity // 2) :]
-            self._reset(np.ascontiguousarray(kept))
-        self.index.append(np.concatenate([output, np.array([-1], dtype=np.int32)]))
-
-    def candidates(self, suffix: np.ndarray, kind: int) -> list[_Candidate]:
-        """Continuations after the longest occurrence of ``suffix``'s tail in the history."""
-        if self.index.length == 0 or suffix.size < self.config.min_n:
-            return []
-        # Probe by appending the suffix temporarily would mutate the index; search directly.
-        tokens, length = self.index.tokens, self.index.length
-        for n in range(min(self.config.max_n, suffix.size), self.config.min_n - 1, -1):
-            key = suffix[-n:]
-            hits = _find_last(tokens[:length], key)
-            if hits >= 0 and hits + n < length and tokens[hits + n] != -1:
-                return [_Candidate(kind, hits + n, n, tokens, own=False)]
-        return []
-
-
-def _find_last(haystack: np.ndarray, needle: np.ndarray) -> int:
-    """Start of the last occurrence of ``needle`` in ``haystack``, or -1 (vectorised scan)."""
-    n = needle.size
-    if haystack.size < n:
-        return -1
-    windows = np.lib.stride_tricks.sliding_window_view(haystack, n)
-    hits = np.flatnonzero((windows == needle).all(axis=1))
-    return int(hits[-1]) if hits.size else -1
-
-
 def batch_draft_length(drafts: list[Draft], cost=None) -> int:
     """One draft length K for a batch verified in one forward of shape (rows, K + 1).
 
@@ -427,6 +387,15 @@ class NgramSpeculator:
         self.last_stats = None
         self.history = History(config) if config.history_tokens > 0 else None
         warm_up()
+
+    @classmethod
+    def for_model(cls, model, max_age_days: float = 30.0, **settings) -> "NgramSpeculator":
+        """A speculator whose draft sizing uses ``model``'s own verify-cost curve on its device,
+        measured once (tens of seconds) and cached per model, device, dtype and torch version
+        (see :mod:`ngramspec.costs`); ``settings`` as for the constructor."""
+        from .costs import cached_cost_curve
+
+        return cls(verify_cost=cached_cost_curve(model, max_age_days), **settings)
 
     def start(self, prompt_ids, capacity: int = 0) -> SpeculationSession:
         """Begin a request: index ``prompt_ids`` (1-D ints). ``capacity`` pre-sizes the index

@@ -16,8 +16,9 @@ from ngramspec.index import NgramIndex, ReferenceNgramIndex
     vocab=st.integers(1, 6),
     chunks=st.lists(st.lists(st.integers(0, 5), max_size=7), min_size=1, max_size=25),
     capacity=st.integers(1, 64),
+    key=st.lists(st.integers(0, 5), min_size=1, max_size=8),
 )
-def test_index_matches_reference(min_n, extra_n, prefer_recent, vocab, chunks, capacity):
+def test_index_matches_reference(min_n, extra_n, prefer_recent, vocab, chunks, capacity, key):
     fast = NgramIndex(min_n, min_n + extra_n, capacity=capacity, prefer_recent=prefer_recent)
     slow = ReferenceNgramIndex(min_n, min_n + extra_n, prefer_recent=prefer_recent)
     for chunk in chunks:
@@ -26,6 +27,8 @@ def test_index_matches_reference(min_n, extra_n, prefer_recent, vocab, chunks, c
         slow.append(tokens)
         assert fast.longest_match() == slow.longest_match()
         assert fast.matches().tolist() == slow.matches().tolist()
+        query = np.array([t % vocab for t in key], dtype=np.int32)
+        assert fast.find(query) == slow.find(query)  # another sequence's suffix (history lookups)
     assert fast.tokens[: fast.length].tolist() == slow.tokens
 
 

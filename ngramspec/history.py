@@ -1,0 +1,46 @@
+"""Cross-request history (opt-in): earlier outputs that later requests of one speculator may
+draft from, so a batch job over similar documents drafts from its own earlier answers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .index import NgramIndex
+
+SEPARATOR = -1  # between outputs: no model emits it, so no n-gram spans two outputs
+
+
+class History:
+    """A bounded, evicting n-gram index over earlier outputs. When adding an output would
+    overflow ``config.history_tokens``, the older half is dropped (the index is rebuilt from
+    the newer half: an amortised O(1) per stored token)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.capacity = config.history_tokens
+        self._rebuild(np.zeros(0, dtype=np.int32))
+
+    def _rebuild(self, tokens: np.ndarray) -> None:
+        self.index = NgramIndex(self.config.min_n, self.config.max_n, capacity=self.capacity + 64)
+        if tokens.size:
+            self.index.append(tokens)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.index.tokens
+
+    def add(self, output) -> None:
+        """Store one request's output (its newest ``capacity - 1`` tokens at most)."""
+        output = np.asarray(output, dtype=np.int32)[-(self.capacity - 1) :]
+        if self.index.length + output.size + 1 > self.capacity:
+            kept = self.index.tokens[: self.index.length][-(self.capacity // 2) :]
+            self._rebuild(np.ascontiguousarray(kept))
+        self.index.append(np.concatenate([output, np.array([SEPARATOR], dtype=np.int32)]))
+
+    def find(self, suffix: np.ndarray) -> tuple[int, int]:
+        """Longest tail of ``suffix`` seen in the history and where its continuation starts;
+        ``(0, -1)`` when none (or when the continuation would be a separator)."""
+        n, start = self.index.find(suffix)
+        if n and (start >= self.index.length or self.index.tokens[start] == SEPARATOR):
+            return 0, -1
+        return n, start
