@@ -90,61 +90,63 @@ def index_append(tokens, length, new_tokens, min_n, max_n, slot_hash, slot_n, sl
 
 
 @njit(cache=True)
-def index_longest_match(tokens, length, min_n, max_n, prefer_recent, slot_hash, slot_n, slot_first, slot_last):
-    """Longest suffix of ``tokens[:length]`` (n in [min_n, max_n]) that occurred earlier.
-
-    Returns ``(n, start)``: the match length and the position where the continuation of the
-    chosen earlier occurrence starts (``tokens[start]`` followed the n-gram there);
-    ``(0, -1)`` when no suffix of at least ``min_n`` tokens occurred before.
-    """
-    end = length - 1
-    top = min(max_n, length)
-    hashes = np.empty(top + 1, dtype=np.uint64)
-    h = np.uint64(0)
-    for n in range(1, top + 1):
-        h = _mix(h, tokens[end - n + 1])
-        hashes[n] = h
-    mask = slot_hash.shape[0] - 1
-    for n in range(top, min_n - 1, -1):
-        h = hashes[n]
-        i = np.int64(h & np.uint64(mask))
-        while slot_n[i] != EMPTY:
-            if slot_hash[i] == h and slot_n[i] == n and _same_ngram(tokens, slot_last[i], end, n):
-                found = slot_last[i] if prefer_recent else slot_first[i]
-                return n, found + 1
-            i = (i + 1) & mask
-    return 0, -1
-
-
-@njit(cache=True)
-def index_find(tokens, key, min_n, max_n, prefer_recent, slot_hash, slot_n, slot_first, slot_last):
-    """Like :func:`index_longest_match`, but for the suffixes of another sequence ``key``
-    (1-D int32): the longest n in [min_n, max_n] whose last n tokens of ``key`` occurred in
-    this stream. Returns ``(n, start)`` or ``(0, -1)``. (A shared history answers queries from
-    other requests' text this way, in O(max_n^2) whatever its size.)"""
-    top = min(max_n, key.shape[0])
+def _suffix_hashes(key, top):
+    """hashes[n] = hash of the last n tokens of ``key``, n = 1..top (built from the end)."""
     hashes = np.empty(top + 1, dtype=np.uint64)
     h = np.uint64(0)
     for n in range(1, top + 1):
         h = _mix(h, key[key.shape[0] - n])
         hashes[n] = h
+    return hashes
+
+
+@njit(cache=True)
+def _probe(tokens, key, n, h, slot_hash, slot_n, slot_last):
+    """Slot holding the n-gram that ends ``key`` (hash h), or -1 if it never occurred."""
     mask = slot_hash.shape[0] - 1
+    i = np.int64(h & np.uint64(mask))
+    last = key.shape[0] - 1
+    while slot_n[i] != EMPTY:
+        if slot_hash[i] == h and slot_n[i] == n:
+            end = slot_last[i]
+            same = True
+            for k in range(n):
+                if tokens[end - k] != key[last - k]:
+                    same = False
+                    break
+            if same:
+                return i
+        i = (i + 1) & mask
+    return -1
+
+
+@njit(cache=True)
+def index_find(tokens, key, min_n, max_n, prefer_recent, slot_hash, slot_n, slot_first, slot_last):
+    """Longest n in [min_n, max_n] whose last n tokens of ``key`` (1-D int32) occurred in the
+    indexed stream. Returns ``(n, start)``: the match length and the position where the
+    continuation of the chosen earlier occurrence starts; ``(0, -1)`` when none did.
+    ``key`` may be the stream itself (see :func:`index_longest_match`) or another request's
+    text (a shared history answers such queries in O(max_n^2), whatever its size)."""
+    top = min(max_n, key.shape[0])
+    hashes = _suffix_hashes(key, top)
     for n in range(top, min_n - 1, -1):
-        h = hashes[n]
-        i = np.int64(h & np.uint64(mask))
-        while slot_n[i] != EMPTY:
-            if slot_hash[i] == h and slot_n[i] == n:
-                end = slot_last[i]
-                same = True
-                for k in range(n):
-                    if tokens[end - k] != key[key.shape[0] - 1 - k]:
-                        same = False
-                        break
-                if same:
-                    found = slot_last[i] if prefer_recent else slot_first[i]
-                    return n, found + 1
-            i = (i + 1) & mask
+        i = _probe(tokens, key, n, hashes[n], slot_hash, slot_n, slot_last)
+        if i >= 0:
+            found = slot_last[i] if prefer_recent else slot_first[i]
+            return n, found + 1
     return 0, -1
+
+
+@njit(cache=True)
+def index_longest_match(tokens, length, min_n, max_n, prefer_recent, slot_hash, slot_n, slot_first, slot_last):
+    """Longest suffix of ``tokens[:length]`` (n in [min_n, max_n]) that occurred earlier.
+
+    Returns ``(n, start)``: the match length and the position where the continuation of the
+    chosen earlier occurrence starts (``tokens[start]`` followed the n-gram there);
+    ``(0, -1)`` when no suffix of at least ``min_n`` tokens occurred before. (The suffix itself
+    is never indexed yet, since its next token does not exist: no self-match.)
+    """
+    return index_find(tokens, tokens[:length], min_n, max_n, prefer_recent, slot_hash, slot_n, slot_first, slot_last)
 
 
 @njit(cache=True)
@@ -153,26 +155,17 @@ def index_matches(tokens, length, min_n, max_n, slot_hash, slot_n, slot_first, s
     latest_start)`` for the i-th matching suffix length n (continuation starts of its earliest
     and latest earlier occurrence). Returns the number of rows written. Used to gather several
     candidate continuations for one verification pass (a token tree)."""
-    end = length - 1
+    key = tokens[:length]
     top = min(max_n, length)
-    hashes = np.empty(top + 1, dtype=np.uint64)
-    h = np.uint64(0)
-    for n in range(1, top + 1):
-        h = _mix(h, tokens[end - n + 1])
-        hashes[n] = h
-    mask = slot_hash.shape[0] - 1
+    hashes = _suffix_hashes(key, top)
     rows = 0
     for n in range(top, min_n - 1, -1):
-        h = hashes[n]
-        i = np.int64(h & np.uint64(mask))
-        while slot_n[i] != EMPTY:
-            if slot_hash[i] == h and slot_n[i] == n and _same_ngram(tokens, slot_last[i], end, n):
-                out[rows, 0] = n
-                out[rows, 1] = slot_first[i] + 1
-                out[rows, 2] = slot_last[i] + 1
-                rows += 1
-                break
-            i = (i + 1) & mask
+        i = _probe(tokens, key, n, hashes[n], slot_hash, slot_n, slot_last)
+        if i >= 0:
+            out[rows, 0] = n
+            out[rows, 1] = slot_first[i] + 1
+            out[rows, 2] = slot_last[i] + 1
+            rows += 1
     return rows
 
 

@@ -50,6 +50,16 @@ def speculator():
     return ngramspec.NgramSpeculator()
 
 
+# generate() processor settings whose output depends on the exact prefix at each position.
+PROCESSOR_CASES = [
+    dict(repetition_penalty=1.5),
+    dict(no_repeat_ngram_size=2),
+    dict(min_new_tokens=20, eos_token_id=[1, 2, 3]),
+    dict(bad_words_ids=[[9], [13, 5]]),
+    dict(repetition_penalty=0.7, no_repeat_ngram_size=4),
+]
+
+
 def plain_generate(model, ids, **kwargs):
     """transformers' own generate, bypassing the ngramspec wrapper entirely."""
     from transformers import GenerationMixin

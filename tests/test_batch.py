@@ -13,7 +13,7 @@ from ngramspec import NgramSpeculator, UnsupportedGenerationError
 from ngramspec.batch import _maybe_compact
 from ngramspec.speculator import Draft, batch_draft_length
 
-from conftest import plain_generate
+from conftest import PROCESSOR_CASES, plain_generate
 from test_exact_tiny import _tiny
 
 PAD = 1  # the tiny models' pad (and EOS) id
@@ -116,15 +116,7 @@ class BanAfterTwo(LogitsProcessor):
 
 
 @pytest.mark.parametrize(
-    "processor_kwargs",
-    [
-        dict(repetition_penalty=1.5),
-        dict(no_repeat_ngram_size=2),
-        dict(min_new_tokens=20, eos_token_id=[1, 2, 3]),
-        dict(bad_words_ids=[[9], [13, 5]]),
-        dict(repetition_penalty=0.7, no_repeat_ngram_size=4),
-        dict(logits_processor=LogitsProcessorList([BanAfterTwo()])),
-    ],
+    "processor_kwargs", PROCESSOR_CASES + [dict(logits_processor=LogitsProcessorList([BanAfterTwo()]))]
 )
 def test_batch_processors_see_each_rows_prefix(tiny_model, processor_kwargs):
     rows = repetitive_rows(np.random.default_rng(5), 4, lengths=(3, 40))

@@ -156,8 +156,11 @@ def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir,
     args = ["rewrite", str(source), "--instruction", "Fix.", "-o", str(out), "--model", str(tiny_model_dir),
             "--max-new-tokens", "150", "--chunk-tokens", "32", "--quiet", "--stats"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **cache_env}
+    # SIGINT as Ctrl-C sends it; restored to the default in the child, because a test run started
+    # as a background job inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored.
     process = subprocess.Popen([sys.executable, "-m", "ngramspec", *args], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     resume_dir = Path(cache_env["NGRAMSPEC_CACHE"]) / "resume"
     deadline = time.time() + 120
     while time.time() < deadline and not any(resume_dir.glob("*.json")):

@@ -9,7 +9,7 @@ from transformers.generation.streamers import BaseStreamer
 import ngramspec
 from ngramspec import NgramSpeculator
 
-from conftest import plain_generate
+from conftest import PROCESSOR_CASES, plain_generate
 
 IDS = torch.tensor([[0, 5, 9, 13, 5, 9, 21, 5, 9]])
 
@@ -93,16 +93,7 @@ def test_return_dict_scores_and_logits_match_plain(tiny_model):
     assert got.cache.get_seq_length() == got.sequences.shape[1] - 1  # all but the last token
 
 
-@pytest.mark.parametrize(
-    "processor_kwargs",
-    [
-        dict(repetition_penalty=1.5),
-        dict(no_repeat_ngram_size=2),
-        dict(min_new_tokens=20, eos_token_id=[1, 2, 3]),
-        dict(bad_words_ids=[[9], [13, 5]]),
-        dict(repetition_penalty=0.7, no_repeat_ngram_size=4),
-    ],
-)
+@pytest.mark.parametrize("processor_kwargs", PROCESSOR_CASES)
 def test_logits_processors_see_the_right_prefix(tiny_model, processor_kwargs):
     expected = plain_generate(tiny_model, IDS, max_new_tokens=50, **processor_kwargs)
     spec = NgramSpeculator()
