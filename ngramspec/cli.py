@@ -219,7 +219,8 @@ def run(args) -> int:
 
     from tqdm import tqdm
 
-    total = len(job.chunks(text, kind)) if args.command == "rewrite" else len([c for c in job.chunks(text, kind) if c.body])
+    chunks = job.chunks(text, kind)
+    total = len(chunks) if args.command == "rewrite" else sum(1 for c in chunks if c.body)
     bar = tqdm(total=total, unit="chunk", file=sys.stderr, disable=args.quiet, desc=args.command, initial=0)
 
     def on_chunk(index, chunk, body):

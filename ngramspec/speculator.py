@@ -30,8 +30,9 @@ class Draft:
     """Tokens proposed for one verification pass.
 
     ``tokens``: 1-D int32 array of k proposed tokens (k may be 0: take a plain step).
-    ``parents``: None for a plain chain (token i follows token i-1). Reserved for token trees,
-    where ``parents[i]`` is the index of the token that token i follows (-1: the last emitted).
+    ``parents``: None for a plain chain (token i follows token i-1); for a token tree
+    (``tree_branches > 1``), ``parents[i]`` is the index of the token that token i follows
+    (-1: the last emitted token), parents before children.
     ``match_len``/``source_start``: the suffix match that produced the draft and where in the
     token stream the copied continuation starts (-1 when there was none).
     ``acceptance``: the session's estimate that a drafted token is accepted given the one before
