@@ -78,7 +78,8 @@ def _main(argv=None) -> int:
     p_replay.add_argument("--methods", default="hf-rule,vllm-rule,ngramspec",
                           help="comma-separated drafters: hf-rule (transformers' prompt lookup: n=2..1, left-most, "
                                "10 tokens), vllm-rule[:min_n=1,max_n=4,k=5] (longest match, earliest occurrence), "
-                               "ngramspec[:settings]")
+                               "ngramspec[:settings], oracle[:k=16] (an upper bound: any earlier copy, exact "
+                               "acceptance, cost-optimal sizes; eval/oracle.py)")
     p_replay.add_argument("--cost", default=None,
                           help="verify-cost curve 'q:cost,...' relative to one token (default: the measured CPU curve)")
     p_replay.add_argument("--eos", default="2", help="EOS ids for the hf-rule's EOS cut (default 2, SmolLM2's)")
@@ -95,6 +96,15 @@ def _main(argv=None) -> int:
                                          "outside the model forward, identity, drafter us/step at 1k/16k/128k.")
     _common(p_bench)
     p_bench.add_argument("--settings", default="", help="SpeculatorConfig overrides for ngramspec, e.g. min_n=1")
+    p_bench.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
+    p_bench.add_argument("--dtypes", default=None,
+                         help="comma-separated: float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on CUDA)")
+    p_bench.add_argument("--batch-sizes", default="1",
+                         help="comma-separated; above 1, items are decoded in left-padded batches (greedy and "
+                              "ngramspec only: transformers' prompt lookup takes batches of one)")
+    p_bench.add_argument("--measure-cost", action="store_true",
+                         help="size drafts with the verify-cost curve measured on this model and device (cached; "
+                              "use it on a GPU) instead of the default CPU curve")
     p_bench.add_argument("--out", default=None, help="folder for bench.md and bench.json")
 
     args = parser.parse_args(argv)

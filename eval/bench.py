@@ -5,10 +5,17 @@ it measures tokens/s of each method, the ngramspec/HF-PLD and ngramspec/greedy r
 per-step overhead outside the model forward (wall time minus time inside ``model.forward``,
 per forward, in ms and as a share of the step), identity with greedy, and the drafter's own
 cost per step at 1k, 16k and 128k tokens of context.
+
+``--batch-sizes 1,8`` also decodes the items in left-padded batches of 8 (greedy and ngramspec
+on the same batches; transformers' prompt lookup decodes batches of one only, so its row is
+absent there). ``--dtypes bfloat16,float32`` repeats everything per dtype. ``--measure-cost``
+sizes drafts with the cost curve measured on this model and device (``costs.py``) instead of
+the default CPU curve: what a GPU run needs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import defaultdict
@@ -18,10 +25,12 @@ import torch
 
 import tasks
 
+from .batch_sweep import left_pad, real_new_tokens
 from .drafter_cost import drafter_us_per_step
 from .methods import HF_PLD_TOKENS, parse_method
 
 METHODS = ("greedy", "hf-pld", "ngramspec")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ForwardTimer:
@@ -30,8 +39,11 @@ class ForwardTimer:
     def __init__(self, model):
         self.seconds, self.count, self._start = 0.0, 0, 0.0
         self._sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
-        model.register_forward_pre_hook(self._before)
-        model.register_forward_hook(self._after)
+        self._hooks = [model.register_forward_pre_hook(self._before), model.register_forward_hook(self._after)]
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
 
     def _before(self, *args):
         self._sync()
@@ -43,53 +55,77 @@ class ForwardTimer:
         self.count += 1
 
 
-def _generate(model, timer, ids, method, max_new_tokens):
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
+def _generate(model, timer, ids, mask, method, max_new_tokens, pad_id):
+    """One timed generate() of a batch ``ids`` (B, P): new token lists (each up to and including
+    its EOS), wall seconds, seconds inside forward, forwards."""
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id)
+    if mask is not None:  # a padded batch (a single row needs none)
+        kwargs["attention_mask"] = mask
     if method.name == "hf-pld":
         kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
     elif method.speculator is not None:
         kwargs["ngram_speculator"] = method.speculator
     timer.seconds, timer.count = 0.0, 0
+    if ids.is_cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     out = model.generate(ids, **kwargs)
+    rows = out[:, ids.shape[1] :].tolist()  # the host copy ends the timing: all work is done
     wall = time.perf_counter() - start
-    return out[0, ids.shape[1] :].tolist(), wall, timer.seconds, timer.count
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    return [row[: real_new_tokens(row, eos_ids)] for row in rows], wall, timer.seconds, timer.count
 
 
-def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=None, quiet=False) -> dict:
+def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=None, quiet=False,
+          batch_size=1, verify_cost=None) -> dict:
     from tqdm import tqdm
 
     methods = [parse_method(m if m != "ngramspec" or not settings else f"ngramspec:{settings}") for m in METHODS]
+    if verify_cost is not None:  # the measured curve of this model and device
+        from ngramspec import NgramSpeculator
+
+        methods[2].speculator = NgramSpeculator(dataclasses.replace(methods[2].speculator.config, verify_cost=verify_cost))
+    if batch_size > 1:  # transformers' assisted decoding (prompt lookup) takes batches of one only
+        methods = [m for m in methods if m.name != "hf-pld"]
     timer = ForwardTimer(model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     items = [(n, item) for n in names for item in tasks.load_items(n, limit=limit, data_dir=data_dir)]
-    warm = torch.tensor([tasks.prompt_ids(tokenizer, items[0][1])])
+    prompts = [tasks.prompt_ids(tokenizer, item) for _, item in items]
+    groups = [list(range(i, min(i + batch_size, len(items)))) for i in range(0, len(items), batch_size)]
+    warm, warm_mask = left_pad(prompts[:batch_size], pad_id)
+    warm_mask = warm_mask.to(model.device) if batch_size > 1 else None
     for method in methods:
-        _generate(model, timer, warm, method, 8)
+        _generate(model, timer, warm.to(model.device), warm_mask, method, 8, pad_id)
     totals = defaultdict(lambda: defaultdict(float))
     identical = defaultdict(int)
-    for i, (name, item) in enumerate(tqdm(items, desc="bench", unit="item", disable=quiet)):
-        ids = torch.tensor([tasks.prompt_ids(tokenizer, item)], device=model.device)
-        order = methods[i % 3 :] + methods[: i % 3]
+    for g, group in enumerate(tqdm(groups, desc=f"bench b={batch_size}", unit="batch", disable=quiet)):
+        ids, mask = left_pad([prompts[i] for i in group], pad_id)
+        ids, mask = ids.to(model.device), (mask.to(model.device) if batch_size > 1 else None)
+        order = methods[g % len(methods) :] + methods[: g % len(methods)]
         outputs = {}
         for method in order:
-            tokens, wall, inside, forwards = _generate(model, timer, ids, method, max_new_tokens)
-            outputs[method.name] = tokens
-            for group in (tasks.family_of(name), "overall"):
-                t = totals[(group, method.name)]
-                t["items"] += 1
-                t["tokens"] += len(tokens)
-                t["seconds"] += wall
-                t["forward_seconds"] += inside
-                t["forwards"] += forwards
+            rows, wall, inside, forwards = _generate(model, timer, ids, mask, method, max_new_tokens, pad_id)
+            outputs[method.name] = rows
+            # A batch's wall time is shared by its rows; each row's family gets its share.
+            for i, row in zip(group, rows):
+                for key in (tasks.family_of(items[i][0]), "overall"):
+                    t = totals[(key, method.name)]
+                    t["items"] += 1
+                    t["tokens"] += len(row)
+                    t["seconds"] += wall / len(group)
+                    t["forward_seconds"] += inside / len(group)
+                    t["forwards"] += forwards / len(group)
+                    t["row_forwards"] += forwards  # forwards this row took part in
         for method in methods[1:]:
-            same = outputs[method.name] == outputs["greedy"]
-            for group in (tasks.family_of(name), "overall"):
-                identical[(group, method.name)] += same
+            for i, mine, greedy in zip(group, outputs[method.name], outputs["greedy"]):
+                for key in (tasks.family_of(items[i][0]), "overall"):
+                    identical[(key, method.name)] += mine == greedy
     rows = []
     for (group, name), t in totals.items():
         rows.append({
-            "group": group, "method": name, "items": int(t["items"]),
-            "tok_s": t["tokens"] / t["seconds"], "mat": t["tokens"] / t["forwards"],
+            "group": group, "method": name, "items": int(t["items"]), "batch_size": batch_size,
+            "tok_s": t["tokens"] / t["seconds"], "mat": t["tokens"] / t["row_forwards"],
             "overhead_ms_per_step": 1e3 * (t["seconds"] - t["forward_seconds"]) / t["forwards"],
             "overhead_share": (t["seconds"] - t["forward_seconds"]) / t["seconds"],
             "identical": identical.get((group, name), int(t["items"])) / t["items"],
@@ -97,37 +133,68 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
     by = {(r["group"], r["method"]): r for r in rows}
     for r in rows:
         r["x_greedy"] = r["tok_s"] / by[(r["group"], "greedy")]["tok_s"]
-        r["x_hf_pld"] = r["tok_s"] / by[(r["group"], "hf-pld")]["tok_s"]
-    config = methods[2].speculator.config
-    drafter = {c: drafter_us_per_step(config, c) for c in (1_000, 16_000, 128_000)}
-    return {"rows": rows, "drafter_us_per_step": drafter, "settings": repr(config)}
+        pld = by.get((r["group"], "hf-pld"))
+        r["x_hf_pld"] = r["tok_s"] / pld["tok_s"] if pld else None
+    timer.remove()
+    spec = methods[-1].speculator
+    return {"rows": rows, "settings": repr(spec.config)}
 
 
 def markdown(result: dict) -> str:
-    lines = ["| group | method | items | tok/s | x greedy | x hf-pld | MAT | overhead ms/step | overhead share | identical |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| dtype | batch | group | method | items | tok/s | x greedy | x hf-pld | MAT | overhead ms/step | "
+             "overhead share | identical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {"summarization": 0, "rewriting": 1, "code_editing": 2, "overall": 3}
-    for r in sorted(result["rows"], key=lambda r: (order.get(r["group"], 9), METHODS.index(r["method"]))):
-        lines.append(f"| {r['group']} | {r['method']} | {r['items']} | {r['tok_s']:.2f} | {r['x_greedy']:.2f}x | "
-                     f"{r['x_hf_pld']:.2f}x | {r['mat']:.2f} | {r['overhead_ms_per_step']:.2f} | "
-                     f"{100 * r['overhead_share']:.1f}% | {100 * r['identical']:.0f}% |")
+    for r in sorted(result["rows"], key=lambda r: (r.get("dtype", ""), r["batch_size"], order.get(r["group"], 9),
+                                                   METHODS.index(r["method"]))):
+        pld = f"{r['x_hf_pld']:.2f}x" if r["x_hf_pld"] is not None else "n/a"
+        lines.append(f"| {r.get('dtype', '')} | {r['batch_size']} | {r['group']} | {r['method']} | {r['items']} | "
+                     f"{r['tok_s']:.2f} | {r['x_greedy']:.2f}x | {pld} | {r['mat']:.2f} | "
+                     f"{r['overhead_ms_per_step']:.2f} | {100 * r['overhead_share']:.1f}% | {100 * r['identical']:.0f}% |")
     d = result["drafter_us_per_step"]
     lines += ["", "Drafter (propose + extend) per step: " + ", ".join(f"{c // 1000}k context {us:.1f} us" for c, us in d.items())]
+    if result.get("verify_costs"):
+        for dtype, curve in result["verify_costs"].items():
+            lines.append(f"Measured verify cost ({dtype}): " + ", ".join(f"q={q}: {c:.2f}" for q, c in curve))
     return "\n".join(lines)
 
 
 def main(args) -> int:
-    from ngramspec import load_model
+    from ngramspec import SpeculatorConfig, load_model
+    from ngramspec.costs import cached_cost_curve
 
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    model, tokenizer = load_model(args.model)
     names = [n.strip() for n in args.tasks.split(",") if n.strip()]
+    batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else [None]
+    unknown = [d for d in dtypes if d is not None and d not in DTYPES]
+    if unknown or min(batch_sizes) < 1:
+        raise ValueError(f"dtypes must be among {', '.join(DTYPES)} and batch sizes >= 1")
     started = time.time()
-    result = bench(model, tokenizer, names, args.limit, args.max_new_tokens, args.settings, args.data_dir, args.quiet)
-    result.update(command=args.command_line, threads=torch.get_num_threads(), device=str(model.device),
-                  torch=torch.__version__, minutes=round((time.time() - started) / 60, 1))
-    text = (f"torch threads {result['threads']}, device {result['device']}, {args.max_new_tokens} new tokens, "
-            f"ngramspec settings: {result['settings']}\n\n" + markdown(result))
+    result = {"rows": [], "verify_costs": {}}
+    for dtype in dtypes:
+        model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(dtype))
+        dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
+        curve = cached_cost_curve(model) if args.measure_cost else None
+        if curve:
+            result["verify_costs"][dtype_name] = curve
+        for batch_size in batch_sizes:
+            part = bench(model, tokenizer, names, args.limit, args.max_new_tokens, args.settings, args.data_dir,
+                         args.quiet, batch_size, curve)
+            for r in part["rows"]:
+                r["dtype"] = dtype_name
+            result["rows"] += part["rows"]
+            result["settings"] = part["settings"]
+        device = str(model.device)
+        del model
+    config = SpeculatorConfig.from_overrides(args.settings or "")
+    result["drafter_us_per_step"] = {c: drafter_us_per_step(config, c) for c in (1_000, 16_000, 128_000)}
+    result.update(command=args.command_line, threads=torch.get_num_threads(), device=device, torch=torch.__version__,
+                  minutes=round((time.time() - started) / 60, 1))
+    if device.startswith("cuda"):
+        result["gpu"] = torch.cuda.get_device_name(0)
+    text = (f"torch {torch.__version__}, torch threads {result['threads']}, device {result.get('gpu', device)}, "
+            f"{args.max_new_tokens} new tokens, ngramspec settings: {result['settings']}\n\n" + markdown(result))
     print(text)
     if args.out:
         out = Path(args.out)

@@ -16,6 +16,7 @@ from ngramspec.config import CPU_VERIFY_COST
 from ngramspec.replay import ForwardCost, replay
 
 from .drafters import make_drafter
+from .oracle import oracle_replay
 from .methods import split_methods
 
 
@@ -35,20 +36,30 @@ def replay_all(traces: list[dict], drafter_names: list[str], cost: ForwardCost, 
     """{drafter: {group: totals}} with groups per dataset, per family and "overall"."""
     results = {}
     for name in drafter_names:
-        drafter = make_drafter(name, eos_token_ids)
         groups = defaultdict(lambda: defaultdict(float))
+        oracle = name == "oracle" or name.startswith("oracle:")
+        if oracle:  # an upper bound, not a drafter: see eval/oracle.py
+            max_draft = int(dict(p.split("=") for p in name.partition(":")[2].split(",") if p).get("k", 16))
+        else:
+            drafter = make_drafter(name, eos_token_ids)
         for trace in traces:
-            result = replay(drafter.start(trace["prompt_ids"]), trace["output_ids"], cost)
-            s = result.stats
+            if oracle:
+                tokens, forwards, total = oracle_replay(trace["prompt_ids"], trace["output_ids"], cost, max_draft)
+                drafted, drafter_s = tokens - forwards, 0.0  # every oracle draft is accepted
+            else:
+                result = replay(drafter.start(trace["prompt_ids"]), trace["output_ids"], cost)
+                s = result.stats
+                tokens, forwards, total = s.new_tokens, s.target_forwards, result.cost
+                drafted, drafter_s = s.drafted_tokens, s.drafter_seconds
             for group in (trace["dataset"], _family(trace["dataset"]), "overall"):
                 g = groups[group]
                 g["items"] += 1
-                g["tokens"] += s.new_tokens
-                g["forwards"] += s.target_forwards
-                g["cost"] += result.cost
-                g["drafted"] += s.drafted_tokens
-                g["steps"] += max(0, s.target_forwards - 1)
-                g["drafter_s"] += s.drafter_seconds
+                g["tokens"] += tokens
+                g["forwards"] += forwards
+                g["cost"] += total
+                g["drafted"] += drafted
+                g["steps"] += max(0, forwards - 1)
+                g["drafter_s"] += drafter_s
         results[name] = {
             group: {
                 "items": int(g["items"]),

@@ -80,24 +80,34 @@ def speculative_batch(
     kept_scores = [[] for _ in range(batch)]
     kept_logits = [[] for _ in range(batch)]
 
-    def choose(b: int, prefix_len: int, logits_row: torch.Tensor) -> int:
-        # logits_row: (1, V) float32 for row b after seq[b, :prefix_len].
+    def processed(b: int, prefix_len: int, logits_row: torch.Tensor) -> torch.Tensor:
+        # logits_row: (1, V) float32 for row b after seq[b, :prefix_len] -> scores (1, V).
         processor = process[b] if process is not None else None
-        scores = logits_row if processor is None else processor(seq.data[b : b + 1, :prefix_len], logits_row)
+        return logits_row if processor is None else processor(seq.data[b : b + 1, :prefix_len], logits_row)
+
+    def keep(b: int, scores_row: torch.Tensor, logits_row: torch.Tensor) -> None:
+        # What is asked, per emitted token of row b: scores (V,) and logits (V,).
         if keep_scores:
-            kept_scores[b].append(scores[0])
+            kept_scores[b].append(scores_row)
         if keep_logits:
-            kept_logits[b].append(logits_row[0])
+            kept_logits[b].append(logits_row)
+
+    def pick(scores: torch.Tensor) -> list[int]:
+        # scores: (N, V) -> the greedy or sampled token of every row, in one host-device sync.
         if sample:
-            return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))
-        return int(scores.argmax(-1))
+            return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0].tolist()
+        return scores.argmax(-1).tolist()
 
     fast_greedy = not (keep_scores or keep_logits or sample) and (process is None or not any(process))
 
     # Prefill: one forward over the padded prompts gives each row's first new token.
     mask = prompt_mask.long() if prompt_mask is not None else torch.ones_like(prompt)  # (B, C)
     logits = forward(prompt, prompt_positions, mask, 1)  # (B, 1, V)
-    emitted = [[choose(b, prompt_len, logits[b, -1:])] for b in range(batch)]
+    first = [processed(b, prompt_len, logits[b, -1:]) for b in range(batch)]
+    emitted = [[token] for token in pick(torch.cat(first))]
+    for b in range(batch):
+        keep(b, first[b][0], logits[b, -1])
+    valid = [s.prompt_tokens for s in stats]  # per cache row: columns holding a real token
     for s in stats:
         s.record_prefill()
     next_position = prompt_positions[:, -1] + 1  # (B,) position of each row's last emitted token
@@ -125,6 +135,7 @@ def speculative_batch(
             rows = torch.tensor(still, device=device)
             gather(rows, None)
             mask, next_position = mask[rows], next_position[rows]
+            valid = [valid[a] for a in still]
             active = [active[a] for a in still]
 
         # 1. Propose: each row drafts from its own text; one length K is chosen for the batch.
@@ -154,27 +165,32 @@ def speculative_batch(
         positions = next_position[:, None] + torch.arange(width + 1, device=device)  # (A, K+1)
         logits = forward(ids, positions, torch.cat([mask, step_mask], dim=1), width + 1)  # (A, K+1, V)
 
-        # 3. Verify each row: keep draft tokens while they equal the target's own choice.
+        # 3. Verify each row: keep draft tokens while they equal the target's own choice. Position
+        # j of a row only matters if its d1..dj were accepted, so every position is processed
+        # with that prefix and all rows' choices are read in one host-device sync.
         if fast_greedy:
-            targets = logits.argmax(-1).tolist()  # (A, K+1): the step's one host-device sync
+            targets = logits.argmax(-1).tolist()  # (A, K+1)
+        else:
+            spans, scores = [], []  # rows of `scores` belonging to each active row
+            for a, b in enumerate(active):
+                base, k = prompt_len + len(new_tokens[b]), len(draft_tokens[b])
+                spans.append(len(scores))
+                scores.extend(processed(b, base + j, logits[a, j : j + 1]) for j in range(k + 1))
+            scores = torch.cat(scores)  # (sum of k+1, V)
+            flat = pick(scores)
         accepted = []
         for a, b in enumerate(active):
             draft, k = draft_tokens[b], len(draft_tokens[b])
-            if fast_greedy:
-                n = 0
-                while n < k and draft[n] == targets[a][n]:
-                    n += 1
-                emitted[b] = draft[:n] + [targets[a][n]]
-            else:  # processors and sampling see the exact prefix at each position
-                emitted[b] = []
-                base = prompt_len + len(new_tokens[b])
-                for j in range(k + 1):
-                    target = choose(b, base + j, logits[a, j : j + 1])
-                    emitted[b].append(target)
-                    if j == k or draft[j] != target:
-                        break
-                n = len(emitted[b]) - 1
+            row = targets[a] if fast_greedy else flat[spans[a] : spans[a] + k + 1]
+            n = 0
+            while n < k and draft[n] == row[n]:
+                n += 1
+            emitted[b] = draft[:n] + [row[n]]
+            if keep_scores or keep_logits:
+                for j in range(n + 1):
+                    keep(b, scores[spans[a] + j], logits[a, j])  # never on the fast path
             accepted.append(n)
+            valid[a] += n + 1
             # 5. Record stats (the emitted tokens are written and checked at the loop's top).
             stats[b].record_step(k, n, declined=k == 0 and drafts[b].source_start >= 0)
 
@@ -186,7 +202,7 @@ def speculative_batch(
         crop(width + 1 - keep_cols)
         mask = torch.cat([mask, step_mask[:, :keep_cols]], dim=1)
         next_position = next_position + accepted_t + 1
-        mask = _maybe_compact(mask, gather)
+        mask = _maybe_compact(mask, valid, gather)
 
     # Assemble: rows end at different lengths; the rest is padding, as plain generate() pads
     # rows that finished early.
@@ -208,14 +224,15 @@ def speculative_batch(
     return result
 
 
-def _maybe_compact(mask: torch.Tensor, gather) -> torch.Tensor:
+def _maybe_compact(mask: torch.Tensor, valid: list[int], gather) -> torch.Tensor:
     """When masked columns (left padding, rejected drafts) make up over a third of the cache,
     move each row's valid columns to the right end (left-padded again) and drop the rest.
-    mask: (A, C) -> (A, C') with C' the most valid columns of any row."""
-    valid = mask.sum(dim=1)  # (A,)
-    width = int(valid.max())
+    mask: (A, C) -> (A, C') with C' the most valid columns of any row; ``valid`` (A,): each
+    row's valid columns, counted on the host so that deciding costs no device sync."""
+    width = max(valid)
     if mask.shape[1] - width < max(32, mask.shape[1] // 3):
         return mask
+    valid = torch.tensor(valid, device=mask.device)  # (A,)
     # Per row: indices of valid columns, in order, right-aligned into `width` slots; the left
     # slots repeat column 0 and stay masked.
     order = torch.sort(mask * torch.arange(1, mask.shape[1] + 1, device=mask.device), dim=1, stable=True)

@@ -9,10 +9,19 @@ paragraphs), each chunk is rewritten with the instruction, and the results are j
 document's own blank lines and indentation. Output streams to the terminal as it is accepted;
 a progress bar (chunks, tokens/s, mean accepted tokens per forward) goes to stderr.
 
+Many documents at once, into a folder (or --in-place), sharded over processes or GPUs:
+
+    ngramspec rewrite docs/*.md --instruction "Fix typos." --out-dir fixed/
+    accelerate launch --multi_gpu --num_processes 2 -m ngramspec rewrite docs/*.md ... --out-dir fixed/
+
+Under `accelerate launch` each process takes a share of the documents (balanced by size) and
+the first process prints the merged summary (on a machine without CUDA the processes run on
+CPU, each with cores / processes torch threads).
+
 Safety: the input is never overwritten unless --in-place, which writes atomically and keeps a
 .bak copy. Output files are written atomically at the end, so an interrupted run leaves the
 input untouched and no half-written output; finished chunks are saved as they complete, and
---resume continues from them.
+--resume continues from them (with many documents, finished documents are skipped).
 """
 
 from __future__ import annotations
@@ -61,11 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
                             ("summarize", "summarize a document")):
         p = sub.add_parser(name, help=help_text, description=help_text + ".",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        p.add_argument("input", help="text, Markdown or code file; '-' reads stdin")
+        p.add_argument("inputs", nargs="+", metavar="INPUT",
+                       help="text, Markdown or code file(s); '-' reads stdin (one input only)")
         p.add_argument("--instruction", required=(name == "rewrite"),
                        default=None if name == "rewrite" else "Summarize the following text in a few sentences.",
                        help="what to do with the text")
-        p.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+        p.add_argument("-o", "--output", default=None, help="output file (default: stdout; one input only)")
+        p.add_argument("--out-dir", default=None,
+                       help="folder for the outputs, one per input under the input's file name (created if missing)")
         if name == "rewrite":
             p.add_argument("--in-place", action="store_true",
                            help="replace INPUT with the result (atomically; the original is kept as INPUT.bak)")
@@ -156,15 +168,35 @@ class ResumeState:
 def _check_args(args) -> None:
     if args.instruction is not None and not args.instruction.strip():
         raise CliError("the instruction is empty; say what to do, e.g. --instruction \"Fix the grammar.\"")
-    if getattr(args, "in_place", False):
-        if args.input == "-":
-            raise CliError("--in-place needs a file, not stdin")
-        if args.output is not None:
-            raise CliError("give either --in-place or -o/--output, not both")
-    if args.output is not None and args.input != "-" and Path(args.output).resolve() == Path(args.input).resolve():
+    inputs, in_place = args.inputs, getattr(args, "in_place", False)
+    if len(set(inputs)) != len(inputs):
+        raise CliError("an input is given twice")
+    if "-" in inputs and len(inputs) > 1:
+        raise CliError("'-' (stdin) can only be the one input")
+    if sum(x is not None and x is not False for x in (args.output, args.out_dir, in_place or None)) > 1:
+        raise CliError("give one of -o/--output, --out-dir and --in-place")
+    if in_place and "-" in inputs:
+        raise CliError("--in-place needs a file, not stdin")
+    if len(inputs) > 1 and args.output is not None:
+        raise CliError("-o/--output takes one input; with several, use --out-dir DIR or --in-place")
+    if len(inputs) > 1 and args.out_dir is None and not in_place:
+        raise CliError("several inputs need --out-dir DIR (one output per input) or --in-place")
+    if args.output is not None and inputs[0] != "-" and Path(args.output).resolve() == Path(inputs[0]).resolve():
         raise CliError("the output would overwrite the input; pass --in-place to replace it (a .bak is kept)")
     if args.output is not None and not Path(args.output).resolve().parent.is_dir():
         raise CliError(f"{args.output}: its folder does not exist")
+    if args.out_dir is not None:
+        if Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
+            raise CliError(f"--out-dir {args.out_dir} is a file, not a folder")
+        names = [Path(x).name for x in inputs]
+        clash = sorted({n for n in names if names.count(n) > 1})
+        if clash:
+            raise CliError(f"several inputs are named {clash[0]!r}; their outputs would collide in --out-dir")
+        if "-" in inputs:
+            raise CliError("--out-dir needs file inputs (their names name the outputs), not stdin")
+        for x in inputs:
+            if (Path(args.out_dir) / Path(x).name).resolve() == Path(x).resolve():
+                raise CliError(f"the output for {x} would overwrite it; choose another --out-dir or pass --in-place")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise CliError("--max-new-tokens must be at least 1")
     if args.chunk_tokens < 32:
@@ -173,9 +205,94 @@ def _check_args(args) -> None:
         raise CliError("--temperature must be > 0")
 
 
+def shard_by_size(sizes: list[int], processes: int) -> list[list[int]]:
+    """Indices of ``sizes`` split over ``processes``: largest first, each to the least-loaded
+    process (ties: the lower rank), so every process computes the same split without talking."""
+    loads, shards = [0] * processes, [[] for _ in range(processes)]
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        rank = min(range(processes), key=lambda r: (loads[r], r))
+        shards[rank].append(i)
+        loads[rank] += sizes[i]
+    return [sorted(shard) for shard in shards]
+
+
+def _output_path(args, path: str) -> Path | None:
+    """Where the result for input ``path`` goes (None: stdout)."""
+    if getattr(args, "in_place", False):
+        return Path(path)
+    if args.out_dir is not None:
+        return Path(args.out_dir) / Path(path).name
+    return None if args.output is None else Path(args.output)
+
+
+def _resume_state(args, text: str, kind: str, config) -> ResumeState:
+    return ResumeState({"input": hashlib.sha256(text.encode()).hexdigest(), "command": args.command,
+                        "instruction": args.instruction, "model": args.model, "config": repr(config),
+                        "sample": args.sample, "temperature": args.temperature, "seed": args.seed,
+                        "max_new_tokens": args.max_new_tokens, "chunk_tokens": args.chunk_tokens, "kind": kind})
+
+
+def _kind(args, path: str, text: str) -> str:
+    from .chunking import kind_of
+
+    return kind_of(None if path == "-" else path, text) if args.kind == "auto" else args.kind
+
+
+def _already_in_place(args, path: str, text: str, config) -> bool:
+    """--in-place --resume after an interruption: this file was rewritten already (its .bak holds
+    the original, whose finished chunks are all saved, and the file holds their result)."""
+    backup = Path(path + ".bak")
+    if not (getattr(args, "in_place", False) and args.resume and backup.is_file()):
+        return False
+    original = backup.read_text(encoding="utf-8")
+    state = _resume_state(args, original, _kind(args, path, original), config)
+    return state.load().get(-1) == hashlib.sha256(text.encode()).hexdigest()
+
+
+def _process(args, job, path: str, text: str, config, bar, stream: bool) -> ResumeState:
+    """Rewrite or summarize one document and write its output; returns its resume state
+    (cleared by the caller once the whole run is done)."""
+    kind = _kind(args, path, text)
+    state = _resume_state(args, text, kind, config)
+    done = state.load() if args.resume else {}
+    if not args.resume:
+        state.clear()
+    output = _output_path(args, path)
+
+    def on_chunk(index, chunk, body):
+        if index not in done:
+            state.save(index, body)
+        if stream and output is None and args.command == "rewrite":
+            sys.stdout.write(chunk.trail)  # the blank lines between chunks
+            sys.stdout.flush()
+        bar.update(1)
+        stats = job.stats
+        if stats.seconds:
+            bar.set_postfix(tok_s=f"{stats.new_tokens / stats.seconds:.1f}", mat=f"{stats.mat:.2f}")
+
+    if args.command == "rewrite":
+        result = job.rewrite(text, args.instruction, kind, done=done, on_chunk=on_chunk)
+    else:
+        result = job.summarize(text, args.instruction, kind, done=done, on_chunk=on_chunk)
+
+    if getattr(args, "in_place", False):
+        write_atomic(Path(path + ".bak"), text)
+        state.save(-1, hashlib.sha256(result.encode()).hexdigest())  # marks it done for --resume
+        write_atomic(Path(path), result)
+    elif output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(output, result)
+    elif not stream:
+        sys.stdout.write(result)
+        sys.stdout.flush()
+    else:
+        sys.stdout.write("\n" if not result.endswith("\n") else "")
+    return state
+
+
 def run(args) -> int:
     _check_args(args)
-    text = read_input(args.input)
+    texts = [read_input(path) for path in args.inputs]  # every input checked before the model loads
     from .config import SpeculatorConfig
 
     settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(SpeculatorConfig) if hasattr(args, f.name)}
@@ -186,20 +303,31 @@ def run(args) -> int:
 
     import torch
 
-    from .chunking import kind_of
-    from .documents import DocumentJob
+    many = len(args.inputs) > 1 or args.out_dir is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    rank, world, device, state = 0, 1, None, None
+    if many:
+        from accelerate import PartialState
+
+        # cpu=True without CUDA: `accelerate launch --multi_gpu --num_processes N` then starts N
+        # CPU processes; with GPUs each process gets its own device.
+        state = PartialState(cpu=not torch.cuda.is_available())
+        rank, world = state.process_index, state.num_processes
+        device = "cpu" if state.device.type == "cpu" else str(state.device)
+        if not args.threads and world > 1 and device == "cpu":
+            args.threads = max(1, (os.cpu_count() or 1) // world)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from .documents import DocumentJob, JobStats
     from .models import ModelNotFoundError, load_model
     from .speculator import NgramSpeculator
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
-        model, tokenizer = load_model(args.model)
+        model, tokenizer = load_model(args.model, device=device)
     except (ModelNotFoundError, OSError, ValueError) as err:
         raise CliError(f"cannot load model {args.model!r}: {str(err).splitlines()[0]}") from None
 
-    to_terminal = args.output is None and not getattr(args, "in_place", False)
-    stream = not args.quiet and sys.stdout.isatty()
+    stream = not many and not args.quiet and sys.stdout.isatty() and _output_path(args, args.inputs[0]) is None
     streamer_factory = None
     if stream:
         from transformers import TextStreamer
@@ -208,55 +336,49 @@ def run(args) -> int:
     job = DocumentJob(model, tokenizer, None if args.no_speculation else NgramSpeculator(config),
                       max_new_tokens=args.max_new_tokens, chunk_tokens=args.chunk_tokens, sample=args.sample,
                       temperature=args.temperature, seed=args.seed, streamer_factory=streamer_factory)
-    kind = kind_of(None if args.input == "-" else args.input, text) if args.kind == "auto" else args.kind
-    state = ResumeState({"input": hashlib.sha256(text.encode()).hexdigest(), "command": args.command,
-                         "instruction": args.instruction, "model": args.model, "config": repr(config),
-                         "sample": args.sample, "temperature": args.temperature, "seed": args.seed,
-                         "max_new_tokens": args.max_new_tokens, "chunk_tokens": args.chunk_tokens, "kind": kind})
-    done = state.load() if args.resume else {}
-    if not args.resume:
-        state.clear()
 
     from tqdm import tqdm
 
-    chunks = job.chunks(text, kind)
-    total = len(chunks) if args.command == "rewrite" else sum(1 for c in chunks if c.body)
-    bar = tqdm(total=total, unit="chunk", file=sys.stderr, disable=args.quiet, desc=args.command, initial=0)
-
-    def on_chunk(index, chunk, body):
-        if index not in done:
-            state.save(index, body)
-        if stream and to_terminal and args.command == "rewrite":
-            sys.stdout.write(chunk.trail)  # the blank lines between chunks
-            sys.stdout.flush()
-        bar.update(1)
-        stats = job.stats
-        if stats.seconds:
-            bar.set_postfix(tok_s=f"{stats.new_tokens / stats.seconds:.1f}", mat=f"{stats.mat:.2f}")
-
+    mine = shard_by_size([len(t) for t in texts], world)[rank]
+    mine = [i for i in mine if not _already_in_place(args, args.inputs[i], texts[i], config)]
+    chunk_lists = {i: job.chunks(texts[i], _kind(args, args.inputs[i], texts[i])) for i in mine}
+    total = sum(len(c) if args.command == "rewrite" else sum(1 for x in c if x.body) for c in chunk_lists.values())
+    bar = tqdm(total=total, unit="chunk", file=sys.stderr, disable=args.quiet,
+               desc=f"{args.command}[{rank}]" if world > 1 else args.command)
+    records, states = [], []
     try:
-        if args.command == "rewrite":
-            result = job.rewrite(text, args.instruction, kind, done=done, on_chunk=on_chunk)
-        else:
-            result = job.summarize(text, args.instruction, kind, done=done, on_chunk=on_chunk)
+        for i in mine:
+            job.stats = JobStats()  # per document (sampling seeds too, so a split run equals a whole one)
+            states.append(_process(args, job, args.inputs[i], texts[i], config, bar, stream))
+            records.append({"input": args.inputs[i], "process": rank, **job.stats.as_dict()})
     finally:
         bar.close()
 
-    if getattr(args, "in_place", False):
-        backup = Path(args.input + ".bak")
-        write_atomic(backup, text)
-        write_atomic(Path(args.input), result)
-    elif args.output is not None:
-        write_atomic(Path(args.output), result)
-    elif not stream:
-        sys.stdout.write(result)
-        sys.stdout.flush()
-    else:
-        sys.stdout.write("\n" if not result.endswith("\n") else "")
-    state.clear()
-    if args.stats:
-        print(json.dumps(job.stats.as_dict()), file=sys.stderr)
+    if state is not None:
+        from accelerate.utils import gather_object
+
+        state.wait_for_everyone()
+        records = gather_object(records)  # every process's documents, on every process
+    for resume in states:
+        resume.clear()
+    if args.stats and rank == 0:
+        if many:
+            for record in sorted(records, key=lambda r: args.inputs.index(r["input"])):
+                print(json.dumps(record), file=sys.stderr)
+            print(json.dumps(_merge(records)), file=sys.stderr)
+        else:
+            print(json.dumps(job.stats.as_dict()), file=sys.stderr)
     return 0
+
+
+def _merge(records: list[dict]) -> dict:
+    """Totals over documents (what --stats prints last with several inputs)."""
+    tokens = sum(r["new_tokens"] for r in records)
+    forwards = sum(r["target_forwards"] for r in records)
+    seconds = sum(r["seconds"] for r in records)
+    return {"documents": len(records), "processes": len({r["process"] for r in records}),
+            "chunks": sum(r["chunks"] for r in records), "new_tokens": tokens, "target_forwards": forwards,
+            "mat": round(tokens / forwards, 3) if forwards else 0.0, "seconds_summed": round(seconds, 3)}
 
 
 def main(argv=None) -> int:
@@ -268,7 +390,9 @@ def main(argv=None) -> int:
         print(f"ngramspec {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"\nngramspec {args.command}: interrupted; the input is untouched and no output was written. "
+        what = ("the input is untouched and no output was written" if len(args.inputs) == 1 else
+                "documents finished so far are written; the others are untouched")
+        print(f"\nngramspec {args.command}: interrupted; {what}. "
               "Finished chunks are saved: rerun the same command with --resume to continue.", file=sys.stderr)
         return EXIT_INTERRUPTED
 

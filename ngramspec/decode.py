@@ -138,17 +138,28 @@ def speculative_greedy(
     if streamer is not None:
         streamer.put(prompt.cpu())
 
-    def choose(prefix_len: int, logits_row: torch.Tensor) -> int:
-        # logits_row: (1, V) float32. Greedy or sampled choice after processors, recording
-        # what is asked (scores and logits of every emitted token, in order).
-        scores = logits_row if process is None else process(seq.data[:, :prefix_len], logits_row)
+    def scores_of(prefix_len: int, logits_rows: torch.Tensor) -> torch.Tensor:
+        # logits_rows: (1, V) float32 after seq[:, :prefix_len] -> processed scores (1, V).
+        return logits_rows if process is None else process(seq.data[:, :prefix_len], logits_rows)
+
+    def keep(scores: torch.Tensor, logits_row: torch.Tensor) -> None:
+        # Record what is asked: scores and logits (1, V) of every emitted token, in order.
         if keep_scores:
             result.scores.append(scores)
         if keep_logits:
             result.logits.append(logits_row)
+
+    def choose(prefix_len: int, logits_row: torch.Tensor) -> int:
+        # The token-by-token choice (prefill, tree walks); chains decide all positions at once.
+        scores = scores_of(prefix_len, logits_row)
+        keep(scores, logits_row)
+        return pick(scores)[0]
+
+    def pick(scores: torch.Tensor) -> list[int]:
+        # scores: (q, V) -> the greedy or sampled token of every row, in one host-device sync.
         if sample:
-            return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1))
-        return int(scores.argmax(-1))
+            return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0].tolist()
+        return scores.argmax(-1).tolist()
 
     # Prefill: one forward over the prompt gives the first new token.
     first = choose(prompt_len, forward(prompt, 0, 1)[-1:])
@@ -184,33 +195,45 @@ def speculative_greedy(
             seq.write(cur_len, draft)
             logits = forward(seq.data[:, cur_len - 1 : cur_len + k], cur_len - 1, k + 1)
         else:
-            ids = torch.tensor([[int(seq.data[0, cur_len - 1])] + draft], device=seq.data.device)
+            ids = torch.tensor([[emitted[-1]] + draft], device=seq.data.device)  # emitted[-1]: the last token
             logits = forward(ids, cur_len - 1, k + 1, tree_layout(parents))
 
         # 3. Verify: keep draft tokens while they equal the target's greedy (or sampled) choice.
-        if parents is None and process is None and not (keep_scores or keep_logits or sample):
-            targets = logits.argmax(-1).tolist()  # the step's one host-device sync
+        if parents is None:
+            # Position j's choice only matters if d1..dj were all accepted, so its prefix is
+            # seq + d1..dj: process every position on that assumption, pick all rows in one sync.
+            if process is None:
+                scores = logits  # (k+1, V)
+            else:
+                scores = torch.cat([scores_of(cur_len + j, logits[j : j + 1]) for j in range(k + 1)])
+            targets = pick(scores)  # the step's one host-device sync
             accepted = 0
             while accepted < k and draft[accepted] == targets[accepted]:
                 accepted += 1
             emitted, path = draft[:accepted] + [targets[accepted]], None
-        else:  # walk the chain or tree; processors and sampling see the exact prefix per position
+            if keep_scores or keep_logits:
+                for j in range(accepted + 1):
+                    keep(scores[j : j + 1], logits[j : j + 1])
+        else:  # walk the tree: the prefix of each node is its own branch
             children = _children(draft, parents)
-            fast = process is None and not (keep_scores or keep_logits or sample)
-            targets = logits.argmax(-1).tolist() if fast else None
+            plain = process is None and not sample  # no prefix needed: every row's argmax at once
+            targets = pick(logits) if plain else None
             emitted, path, row = [], [], 0  # row 0: the last token; draft token i is row i + 1
             while True:
-                target = targets[row] if fast else choose(cur_len + len(emitted), logits[row : row + 1])
+                if plain:
+                    target = targets[row]
+                    keep(logits[row : row + 1], logits[row : row + 1])
+                else:
+                    target = choose(cur_len + len(emitted), logits[row : row + 1])
                 emitted.append(target)
                 node = children.get((row - 1, target))
                 if node is None:
                     break
                 path.append(node)
                 row = node + 1
-                if parents is not None:  # a chain's tokens are in seq already
-                    seq.write(cur_len + len(emitted) - 1, [target])
+                seq.write(cur_len + len(emitted) - 1, [target])
             accepted = len(path)
-            if parents is None or path == list(range(accepted)):
+            if path == list(range(accepted)):
                 path = None  # a prefix of the block: a crop suffices
 
         # 4. Accept: the cache holds [.., last, d1..dk]; keep last + the accepted tokens.

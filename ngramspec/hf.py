@@ -20,6 +20,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import warnings
 
 import torch
 from transformers import DynamicCache, GenerationMixin
@@ -154,6 +155,7 @@ def ngram_generate(
     if ngram_speculator is None:
         _fail("custom_generate=ngram_generate needs ngram_speculator=NgramSpeculator(...).")
     check_request(model, input_ids, generation_config, model_kwargs, ngram_speculator)
+    _warn_if_cpu_curve_on_accelerator(model, ngram_speculator)
     if synced_gpus:
         _fail("synced_gpus (DeepSpeed ZeRO-3 / FSDP) is not supported with ngram_speculator.")
     cache = model_kwargs.get("cache")
@@ -264,6 +266,22 @@ def _processors_for_row(logits_processor, row: int):
 
 def _fixed_row(allowed_tokens_fn, row, _batch_id, sentence):
     return allowed_tokens_fn(row, sentence)
+
+
+_warned_devices: set = set()
+
+
+def _warn_if_cpu_curve_on_accelerator(model, speculator) -> None:
+    """Once per device type: the default cost curve was measured on a 2-core CPU, and sizes
+    drafts too timidly where extra positions are nearly free (a GPU)."""
+    from .config import CPU_VERIFY_COST
+
+    device = next(model.parameters()).device.type
+    if device != "cpu" and device not in _warned_devices and tuple(speculator.config.verify_cost) == CPU_VERIFY_COST:
+        _warned_devices.add(device)
+        warnings.warn(f"ngram_speculator sizes drafts with the default verify-cost curve, measured on a CPU; the model "
+                      f"is on {device}. NgramSpeculator.for_model(model) measures and caches this device's curve "
+                      "(once, seconds).", stacklevel=4)
 
 
 def _positions_from_mask(input_ids, attention_mask) -> torch.Tensor:

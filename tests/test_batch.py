@@ -79,8 +79,9 @@ def test_rows_accept_different_amounts_and_long_runs_compact(tiny_model):
 
     original = batch_module._maybe_compact
 
-    def counting(mask, gather):
-        out = original(mask, gather)
+    def counting(mask, valid, gather):
+        assert valid == mask.sum(1).tolist()  # the host-side count agrees with the device mask
+        out = original(mask, valid, gather)
         compactions.append(out.shape[1] < mask.shape[1])
         return out
 
@@ -219,7 +220,7 @@ def test_compaction_keeps_each_rows_valid_columns_in_order():
     def gather(rows, columns):
         seen["rows"], seen["columns"] = rows, columns
 
-    new_mask = _maybe_compact(mask, gather)
+    new_mask = _maybe_compact(mask, mask.sum(1).tolist(), gather)
     width = int(mask.sum(1).max())
     assert new_mask.shape == (2, width) and seen["rows"] is None
     for b in range(2):
@@ -227,4 +228,4 @@ def test_compaction_keeps_each_rows_valid_columns_in_order():
         assert seen["columns"][b, width - len(valid) :].tolist() == valid
         assert new_mask[b].tolist() == [0] * (width - len(valid)) + [1] * len(valid)
     small = torch.ones((2, 10), dtype=torch.long)
-    assert _maybe_compact(small, gather) is small  # too few holes: left alone
+    assert _maybe_compact(small, [10, 10], gather) is small  # too few holes: left alone

@@ -129,13 +129,26 @@ def test_in_place_keeps_a_backup_and_stdin_works(tiny_model_dir, tmp_path, cache
         (["rewrite", "{file}", "--instruction", "x", "-o", "{file}"], b"text", "would overwrite the input"),
         (["rewrite", "{file}", "--instruction", "x", "--max-draft-tokens", "0"], b"text", "speculator setting"),
         (["rewrite", "-", "--instruction", "x", "--in-place"], b"text", "--in-place needs a file"),
+        (["rewrite", "{file}", "{missing}", "--instruction", "x", "--in-place"], b"text", "no such file"),
+        (["rewrite", "{file}", "{other}", "--instruction", "x"], b"text", "several inputs need --out-dir"),
+        (["rewrite", "{file}", "{other}", "--instruction", "x", "-o", "{missing}"], b"text", "-o/--output takes one input"),
+        (["rewrite", "{file}", "-", "--instruction", "x", "--out-dir", "{dir}"], b"text", "'-' (stdin) can only be"),
+        (["rewrite", "{file}", "{file}", "--instruction", "x", "--out-dir", "{dir}"], b"text", "given twice"),
+        (["rewrite", "{file}", "{samename}", "--instruction", "x", "--out-dir", "{dir}"], b"text", "their outputs would collide"),
+        (["rewrite", "{file}", "--instruction", "x", "--out-dir", "{dir}", "--in-place"], b"text", "give one of"),
+        (["rewrite", "{file}", "--instruction", "x", "--out-dir", "{file}"], b"text", "is a file, not a folder"),
     ],
 )
 def test_error_paths_exit_2_with_a_message(tmp_path, cache_env, args, content, message):
     file = tmp_path / "input.txt"
     if content is not None:
         file.write_bytes(content)
-    args = [a.replace("{file}", str(file)).replace("{missing}", str(tmp_path / "missing.txt")) for a in args]
+    (tmp_path / "other.txt").write_text("other text")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "input.txt").write_text("same name")
+    places = {"{file}": file, "{missing}": tmp_path / "missing.txt", "{other}": tmp_path / "other.txt",
+              "{samename}": tmp_path / "sub" / "input.txt", "{dir}": tmp_path / "out"}
+    args = [str(places.get(a, a)) for a in args]
     done = cli(args, cache_env, stdin="")
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
@@ -185,3 +198,69 @@ def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir,
     assert fresh.returncode == 0, fresh.stderr
     assert out.read_text() == (tmp_path / "fresh.txt").read_text()  # resume gives the same result
     assert not any(resume_dir.glob("*.json"))  # state removed after success
+
+
+DOCUMENTS = {
+    "a.md": DOCUMENT,
+    "b.txt": "A short note.\n\nIt has two paragraphs, and this one is the second.\n",
+    "c.py": "import os\n\n\ndef f(x):\n    return os.path.join(x, x)\n",
+}
+
+
+def _write_documents(folder: Path) -> list[str]:
+    folder.mkdir()
+    for name, text in DOCUMENTS.items():
+        (folder / name).write_text(text)
+    return [str(folder / name) for name in DOCUMENTS]
+
+
+def test_many_documents_sharded_over_two_processes_equal_one_process(tiny_model_dir, tmp_path, cache_env):
+    """`accelerate launch` with 2 CPU processes splits the documents and merges the stats; every
+    output equals what one process writes for the same inputs."""
+    from ngramspec.cli import shard_by_size
+
+    assert shard_by_size([5, 1, 4, 3], 2) == [[0, 1], [2, 3]]  # largest first, to the least loaded
+    assert shard_by_size([2, 2], 3) == [[0], [1], []]
+    inputs = _write_documents(tmp_path / "docs")
+    common = ["rewrite", *inputs, "--instruction", "Fix the grammar.", "--model", str(tiny_model_dir),
+              "--max-new-tokens", "12", "--chunk-tokens", "32", "--quiet", "--stats"]
+    single = cli(common + ["--out-dir", str(tmp_path / "one")], cache_env)
+    assert single.returncode == 0, single.stderr
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **cache_env}
+    launcher = Path(sys.executable).parent / "accelerate"
+    launch = [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "ngramspec"]
+    sharded = subprocess.run(launch + common + ["--out-dir", str(tmp_path / "two")], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    for name in DOCUMENTS:
+        assert (tmp_path / "two" / name).read_text() == (tmp_path / "one" / name).read_text()
+        assert (tmp_path / "docs" / name).read_text() == DOCUMENTS[name]  # inputs untouched
+    lines = [json.loads(line) for line in sharded.stderr.splitlines() if line.startswith("{")]
+    per_document, merged = lines[:-1], lines[-1]
+    assert sorted(Path(r["input"]).name for r in per_document) == sorted(DOCUMENTS)
+    assert {r["process"] for r in per_document} == {0, 1}  # both processes got work
+    assert merged["documents"] == 3 and merged["processes"] == 2
+    assert merged["new_tokens"] == sum(r["new_tokens"] for r in per_document) > 0
+
+
+def test_many_documents_in_place_resume_skips_finished_ones(tiny_model_dir, tmp_path, cache_env, monkeypatch, capsys):
+    """--in-place over several files, interrupted after every file was written but before the run
+    ended: --resume must not rewrite an already rewritten file a second time."""
+    from ngramspec import cli as cli_module
+
+    inputs = _write_documents(tmp_path / "docs")
+    monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
+    args = ["rewrite", *inputs, "--instruction", "Fix.", "--in-place", "--model", str(tiny_model_dir),
+            "--max-new-tokens", "8", "--chunk-tokens", "32", "--quiet", "--stats"]
+    monkeypatch.setattr(cli_module.ResumeState, "clear", lambda self: None)  # as if killed at the very end
+    assert cli_module.main(args) == 0
+    first = {name: (tmp_path / "docs" / name).read_text() for name in DOCUMENTS}
+    assert all((tmp_path / "docs" / (name + ".bak")).read_text() == DOCUMENTS[name] for name in DOCUMENTS)
+    capsys.readouterr()
+    assert cli_module.main(args + ["--resume"]) == 0
+    merged = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert merged["documents"] == 0  # nothing left to do
+    assert {name: (tmp_path / "docs" / name).read_text() for name in DOCUMENTS} == first
+    assert all((tmp_path / "docs" / (name + ".bak")).read_text() == DOCUMENTS[name] for name in DOCUMENTS)

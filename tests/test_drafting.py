@@ -119,3 +119,40 @@ def test_tree_drafts_are_exact_and_used(tiny_model, seed):
     finally:
         hf._keep_path = original
     assert paths, "no tree step accepted a non-prefix path: compaction untested"
+
+
+def test_auto_off_declines_through_a_mismatch_stretch_and_resumes_when_copies_return():
+    """Payoff sizing switches drafting off while drafts keep failing (declined steps) and back on
+    once copies are accepted again; the decline count is in the stats the loop records."""
+    prompt = list(range(100, 300))  # 200 distinct tokens
+    spec = NgramSpeculator(min_n=1, max_n=1, match="earliest", copy_cursor=False, fuzzy_resync=False,
+                           verify_cost=((1, 1.0), (2, 1.6), (16, 2.0)))
+    session = spec.start(np.array(prompt))
+
+    def step(truth):  # one verify step against the tokens the "target" will emit
+        draft = session.propose()
+        k, accepted = len(draft), 0
+        while accepted < k and draft.tokens[accepted] == truth[accepted]:
+            accepted += 1
+        session.extend(list(truth[: accepted + 1]))
+        return k, accepted, k == 0 and draft.source_start >= 0
+
+    # 1. Mismatch stretch: every token has an earlier occurrence (a match), but the target never
+    # continues it (it jumps 7 tokens ahead each time): drafts fail, then are declined.
+    stretch = [prompt[(7 * i) % 60] for i in range(1, 41)]
+    mismatch = [step(stretch[i:]) for i in range(40)]
+    assert sum(accepted for _, accepted, _ in mismatch) == 0
+    assert sum(declined for *_, declined in mismatch) >= 25  # mostly plain steps
+    assert sum(k > 0 for k, _, _ in mismatch[-20:]) >= 1  # but it keeps probing now and then
+
+    # 2. Copying returns (the prompt again, from where the stretch left off): drafting resumes.
+    copy = prompt[prompt.index(stretch[-1]) + 1 :]  # 159 tokens
+    results, emitted = [], 0
+    while emitted < 100:
+        k, accepted, declined = step(copy[emitted:])
+        results.append((k, accepted, declined))
+        emitted += accepted + 1
+    first_draft = next(i for i, (k, _, _) in enumerate(results) if k > 0)
+    assert first_draft <= 15  # old evidence fades while declining
+    tail = results[first_draft + 2 :]
+    assert tail and all(k > 0 and accepted == k for k, accepted, _ in tail)  # on, and paying

@@ -182,3 +182,24 @@ def test_cli_bad_input_gives_a_message_and_exit_2(tmp_path, args, message):
     done = subprocess.run([sys.executable, "-m", "eval", *args], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_oracle_bounds_every_drafter_on_real_traces():
+    """The oracle (any earlier copy, exact acceptance, cost-optimal sizes) never needs more verify
+    cost than a real drafter on the same trace; its worked example holds."""
+    from eval.drafters import make_drafter
+    from eval.oracle import copy_lengths, oracle_replay
+    from eval.replay import load_traces
+    from ngramspec.config import CPU_VERIFY_COST
+    from ngramspec.replay import ForwardCost, replay
+
+    cost = ForwardCost(CPU_VERIFY_COST)
+    assert copy_lengths([1, 2, 3, 4], [2, 3, 9], 16).tolist() == [0, 1, 0]
+    assert oracle_replay([1, 2, 3, 4], [2, 3, 9], cost) == (3, 2, 1.0 + cost(2))
+    traces = load_traces(REPO / "eval" / "results" / "drafting" / "greedy_traces.jsonl")[::12]
+    for trace in traces:
+        tokens, forwards, total = oracle_replay(trace["prompt_ids"], trace["output_ids"], cost)
+        assert tokens == len(trace["output_ids"]) and forwards <= tokens
+        for name in ("hf-rule", "ngramspec"):
+            result = replay(make_drafter(name, (2,)).start(trace["prompt_ids"]), trace["output_ids"], cost)
+            assert total <= result.cost + 1e-9, (trace["id"], name)

@@ -1,0 +1,56 @@
+"""An upper bound for exact lookup drafting, in replay: ``python -m eval replay T --methods oracle``.
+
+The oracle knows the whole greedy output. At every step it may copy from ANY earlier place in
+the text whose preceding token equals the last emitted one (the weakest suffix match, n = 1),
+it knows exactly how many copied tokens the target will accept, and it chooses every step's
+draft length by dynamic programming to minimise the total verify cost. No drafter that copies
+earlier text and is verified exactly can need less verify cost on the same trace and curve.
+
+Worked example (prompt "a b c d", output "b c x"): after the prefill emitted "b", the last
+token "b" occurred at position 1, followed by "c d"; the output continues "c x", so the copy
+holds for 1 token: one step verifies [b, c] and emits "c" plus the target's "x".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def copy_lengths(prompt_ids, output_ids, max_draft: int) -> np.ndarray:
+    """L[p] for p in 0..N-1: the longest run of output[p:] (at most ``max_draft``) that some
+    earlier place of the text, preceded by the last token before p, also holds."""
+    prompt, output = list(map(int, prompt_ids)), list(map(int, output_ids))
+    text = prompt + output
+    where: dict[int, list[int]] = {}  # token -> positions j such that text[j - 1] == token
+    for j in range(1, len(prompt)):
+        where.setdefault(text[j - 1], []).append(j)
+    lengths = np.zeros(len(output), dtype=np.int64)
+    for p in range(len(output)):
+        g = len(prompt) + p  # text position of output[p]; text[:g] exists when it is decided
+        if g >= 1:
+            for j in where.get(text[g - 1], ()):
+                # Past text[g - 1] the copy runs into the draft itself (a period of g - j
+                # tokens); text holds the whole output, so comparing with it models exactly that.
+                n = 0
+                limit = min(max_draft, len(output) - p)
+                while n < limit and text[j + n] == output[p + n]:
+                    n += 1
+                lengths[p] = max(lengths[p], n)
+        if g >= 1:
+            where.setdefault(text[g - 1], []).append(g)  # text[g] follows text[g - 1] from now on
+    return lengths
+
+
+def oracle_replay(prompt_ids, output_ids, cost, max_draft: int = 16) -> tuple[int, int, float]:
+    """(new tokens, target forwards, total verify cost) of the cheapest exact schedule."""
+    n = len(output_ids)
+    if n == 0:
+        return 0, 0, 0.0
+    lengths = copy_lengths(prompt_ids, output_ids, max_draft)
+    best = np.zeros(n + 1)  # best[p]: least cost to emit output[p:] (output[0] comes from the prefill)
+    steps = np.zeros(n + 1, dtype=np.int64)
+    for p in range(n - 1, 0, -1):
+        options = [(cost(k + 1) + best[p + k + 1], k) for k in range(0, min(int(lengths[p]), n - p - 1) + 1)]
+        best[p], k = min(options)
+        steps[p] = 1 + steps[p + k + 1]
+    return n, 1 + int(steps[1]), 1.0 + float(best[1])
