@@ -34,11 +34,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class ForwardTimer:
-    """Wall time spent inside the model's forward (hooks on the top module)."""
+    """Wall time spent inside the model's forward (hooks on the top module). On CUDA the spans
+    are CUDA events read after the call (``collect``): syncing around every forward would stall
+    the host and change what is measured."""
 
     def __init__(self, model):
         self.seconds, self.count, self._start = 0.0, 0, 0.0
-        self._sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
+        self._cuda = next(model.parameters()).is_cuda
+        self._events: list = []
         self._hooks = [model.register_forward_pre_hook(self._before), model.register_forward_hook(self._after)]
 
     def remove(self) -> None:
@@ -46,13 +49,27 @@ class ForwardTimer:
             hook.remove()
 
     def _before(self, *args):
-        self._sync()
-        self._start = time.perf_counter()
+        if self._cuda:
+            self._events.append(torch.cuda.Event(enable_timing=True))
+            self._events[-1].record()
+        else:
+            self._start = time.perf_counter()
 
     def _after(self, *args):
-        self._sync()
-        self.seconds += time.perf_counter() - self._start
         self.count += 1
+        if self._cuda:
+            self._events.append(torch.cuda.Event(enable_timing=True))
+            self._events[-1].record()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+    def collect(self) -> None:
+        """Add the CUDA spans recorded so far (after the work they cover is done)."""
+        if self._events:
+            torch.cuda.synchronize()
+            pairs = zip(self._events[::2], self._events[1::2])
+            self.seconds += sum(start.elapsed_time(end) for start, end in pairs) / 1e3
+            self._events.clear()
 
 
 def _generate(model, timer, ids, mask, method, max_new_tokens, pad_id):
@@ -72,6 +89,7 @@ def _generate(model, timer, ids, mask, method, max_new_tokens, pad_id):
     out = model.generate(ids, **kwargs)
     rows = out[:, ids.shape[1] :].tolist()  # the host copy ends the timing: all work is done
     wall = time.perf_counter() - start
+    timer.collect()
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     return [row[: real_new_tokens(row, eos_ids)] for row in rows], wall, timer.seconds, timer.count

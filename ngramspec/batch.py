@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from .decode import StopRule, TokenBuffer
+from .decode import StopRule, TokenBuffer, to_device
 from .metrics import DecodeStats
 from .speculator import batch_draft_length
 
@@ -132,7 +132,7 @@ def speculative_batch(
         if not still:
             break
         if len(still) < len(active):
-            rows = torch.tensor(still, device=device)
+            rows = to_device(still, device)
             gather(rows, None)
             mask, next_position = mask[rows], next_position[rows]
             valid = [valid[a] for a in still]
@@ -161,7 +161,7 @@ def speculative_batch(
             ids[a, 0] = new_tokens[b][-1]
             ids[a, 1 : k + 1] = torch.tensor(draft_tokens[b], dtype=torch.long)
             step_mask[a, : k + 1] = 1  # filler positions are never attended to
-        ids, step_mask = ids.to(device, non_blocking=True), step_mask.to(device, non_blocking=True)
+        ids, step_mask = to_device(ids, device), to_device(step_mask, device, mask.dtype)
         positions = next_position[:, None] + torch.arange(width + 1, device=device)  # (A, K+1)
         logits = forward(ids, positions, torch.cat([mask, step_mask], dim=1), width + 1)  # (A, K+1, V)
 
@@ -197,7 +197,7 @@ def speculative_batch(
         # 4. Accept: each row keeps [last, d1..dn] of the new columns; the rest become holes,
         # and the columns past the longest acceptance are cropped for every row.
         keep_cols = max(accepted) + 1
-        accepted_t = torch.tensor(accepted, device=device)
+        accepted_t = to_device(accepted, device)
         step_mask[:, :keep_cols] = (torch.arange(keep_cols, device=device) <= accepted_t[:, None]).to(mask.dtype)
         crop(width + 1 - keep_cols)
         mask = torch.cat([mask, step_mask[:, :keep_cols]], dim=1)
@@ -232,7 +232,7 @@ def _maybe_compact(mask: torch.Tensor, valid: list[int], gather) -> torch.Tensor
     width = max(valid)
     if mask.shape[1] - width < max(32, mask.shape[1] // 3):
         return mask
-    valid = torch.tensor(valid, device=mask.device)  # (A,)
+    valid = to_device(valid, mask.device)  # (A,)
     # Per row: indices of valid columns, in order, right-aligned into `width` slots; the left
     # slots repeat column 0 and stay masked.
     order = torch.sort(mask * torch.arange(1, mask.shape[1] + 1, device=mask.device), dim=1, stable=True)

@@ -61,6 +61,17 @@ class DecodeResult:
     logits: list = field(default_factory=list)  # raw logits (1, V) per new token, if kept
 
 
+def to_device(values, device: torch.device, dtype=torch.long) -> torch.Tensor:
+    """Host values (a list, or a CPU tensor) on ``device`` without a host-device sync: on CUDA
+    the values go through pinned memory and an asynchronous copy (a copy from pageable memory
+    would wait for every kernel queued before it). The caching host allocator keeps the pinned
+    block until the copy has run."""
+    tensor = torch.as_tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 class TokenBuffer:
     """Growable (B, capacity) token buffer on the model's device: row b holds prompt[b] and
     then that row's new tokens; ``data[b, :n]`` is the row's prefix of length n."""
@@ -76,7 +87,7 @@ class TokenBuffer:
             grown = torch.empty((self.data.shape[0], 2 * end), dtype=torch.long, device=self.data.device)
             grown[:, : self.data.shape[1]] = self.data
             self.data = grown
-        self.data[row, start:end] = torch.as_tensor(tokens, dtype=torch.long).to(self.data.device, non_blocking=True)
+        self.data[row, start:end] = to_device(tokens, self.data.device)
 
 
 def tree_layout(parents) -> tuple:
@@ -195,7 +206,7 @@ def speculative_greedy(
             seq.write(cur_len, draft)
             logits = forward(seq.data[:, cur_len - 1 : cur_len + k], cur_len - 1, k + 1)
         else:
-            ids = torch.tensor([[emitted[-1]] + draft], device=seq.data.device)  # emitted[-1]: the last token
+            ids = to_device([[emitted[-1]] + draft], seq.data.device)  # emitted[-1]: the last token
             logits = forward(ids, cur_len - 1, k + 1, tree_layout(parents))
 
         # 3. Verify: keep draft tokens while they equal the target's greedy (or sampled) choice.

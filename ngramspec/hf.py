@@ -39,7 +39,7 @@ from transformers.generation.stopping_criteria import (
 )
 
 from .batch import speculative_batch, stack_per_index
-from .decode import StopRule, speculative_greedy
+from .decode import StopRule, speculative_greedy, to_device
 from .speculator import NgramSpeculator
 
 # model_kwargs that generate() prepares for every causal LM; anything else (images, embeddings,
@@ -358,7 +358,7 @@ def _decode_row(model, input_ids, attention_mask, positions, cache, speculator, 
                 extra["position_ids"] = torch.arange(first, first + q, device=ids.device).unsqueeze(0)
             else:
                 depth, visible = tree
-                extra["position_ids"] = (first + torch.tensor(depth, device=ids.device)).unsqueeze(0)
+                extra["position_ids"] = (first + to_device(depth, ids.device)).unsqueeze(0)
                 extra["attention_mask"] = _tree_mask(mask[:, :start], visible, model.dtype)
         out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep, **extra)
         if start == 0:
@@ -386,7 +386,7 @@ def _tree_mask(past_mask: torch.Tensor, visible, dtype) -> torch.Tensor:
     attention; eager silently misreads a boolean one.)"""
     q = len(visible)
     allowed = torch.cat([past_mask.bool().expand(q, -1),
-                         torch.tensor(visible, dtype=torch.bool, device=past_mask.device)], dim=1)
+                         to_device(visible, past_mask.device, torch.bool)], dim=1)
     additive = torch.zeros(allowed.shape, dtype=dtype, device=past_mask.device)
     additive.masked_fill_(~allowed, torch.finfo(dtype).min)
     return additive[None, None]
@@ -395,12 +395,14 @@ def _tree_mask(past_mask: torch.Tensor, visible, dtype) -> torch.Tensor:
 def _keep_path(cache, rows: list[int], q: int) -> None:
     """Of the last q cache entries keep ``rows`` (in order): compacts the cache to the accepted
     path of a tree (its tokens were not contiguous in the verified block)."""
+    indices = {}
     for layer in cache.layers:
         if not layer.is_initialized:
             continue
-        past = layer.keys.shape[2] - q
-        index = torch.cat([torch.arange(past, device=layer.keys.device),
-                           past + torch.tensor(rows, device=layer.keys.device)])
+        past, device = layer.keys.shape[2] - q, layer.keys.device
+        if (past, device) not in indices:  # one index per device (and length), not per layer
+            indices[past, device] = torch.cat([torch.arange(past, device=device), past + to_device(rows, device)])
+        index = indices[past, device]
         layer.keys = layer.keys.index_select(2, index)
         layer.values = layer.values.index_select(2, index)
 

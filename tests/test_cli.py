@@ -1,5 +1,6 @@
 """`ngramspec rewrite|summarize` run as a subprocess, on a tiny random model with a real tokenizer."""
 
+import io
 import json
 import os
 import signal
@@ -139,7 +140,7 @@ def test_in_place_keeps_a_backup_and_stdin_works(tiny_model_dir, tmp_path, cache
         (["rewrite", "{file}", "--instruction", "x", "--out-dir", "{file}"], b"text", "is a file, not a folder"),
     ],
 )
-def test_error_paths_exit_2_with_a_message(tmp_path, cache_env, args, content, message):
+def test_error_paths_exit_2_with_a_message(tmp_path, cache_env, args, content, message, monkeypatch, capsys):
     file = tmp_path / "input.txt"
     if content is not None:
         file.write_bytes(content)
@@ -149,9 +150,17 @@ def test_error_paths_exit_2_with_a_message(tmp_path, cache_env, args, content, m
     places = {"{file}": file, "{missing}": tmp_path / "missing.txt", "{other}": tmp_path / "other.txt",
               "{samename}": tmp_path / "sub" / "input.txt", "{dir}": tmp_path / "out"}
     args = [str(places.get(a, a)) for a in args]
-    done = cli(args, cache_env, stdin="")
-    assert done.returncode == 2, done.stderr
-    assert message in done.stderr and "Traceback" not in done.stderr
+    if "--model" in args:  # a hub lookup: in a subprocess, where HF_HUB_OFFLINE=1 takes effect
+        done = cli(args, cache_env, stdin="")
+        code, stderr = done.returncode, done.stderr
+    else:  # in-process: the same main() the command runs, without a new interpreter per case
+        from ngramspec import cli as cli_module
+
+        monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+        code, stderr = cli_module.main(args), capsys.readouterr().err
+    assert code == 2, stderr
+    assert message in stderr and "Traceback" not in stderr
     if content is not None:
         assert file.read_bytes() == content  # never touched
 

@@ -203,3 +203,23 @@ def test_oracle_bounds_every_drafter_on_real_traces():
         for name in ("hf-rule", "ngramspec"):
             result = replay(make_drafter(name, (2,)).start(trace["prompt_ids"]), trace["output_ids"], cost)
             assert total <= result.cost + 1e-9, (trace["id"], name)
+
+
+@needs_data
+def test_bench_prints_one_table_for_batch_sizes_and_a_measured_curve(tiny_model_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NGRAMSPEC_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "eval", "bench", "--model", str(tiny_model_dir), "--tasks", "jfleg,quixbugs",
+                           "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", "1,2", "--measure-cost", "--quiet",
+                           "--out", str(tmp_path / "bench")], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    rows = {(r["batch_size"], r["group"], r["method"]): r for r in result["rows"]}
+    assert {m for b, g, m in rows if b == 1} == {"greedy", "hf-pld", "ngramspec"}
+    assert {m for b, g, m in rows if b == 2} == {"greedy", "ngramspec"}  # prompt lookup takes one row
+    for batch in (1, 2):
+        overall = rows[(batch, "overall", "ngramspec")]
+        assert overall["items"] == 4 and overall["identical"] == 1.0 and overall["mat"] >= 1.0
+    assert rows[(2, "overall", "ngramspec")]["x_hf_pld"] is None and "| 2 | overall | ngramspec |" in done.stdout
+    assert set(result["drafter_us_per_step"]) == {"1000", "16000", "128000"}
+    q, cost = result["verify_costs"]["float32"][1]  # the measured curve sized ngramspec's drafts
+    assert q == 2 and f"(2, {cost})" in result["settings"]

@@ -1,4 +1,4 @@
-"""Exactness on the real default model (SmolLM2-135M-Instruct, fp32, CPU) over 30 shared items.
+"""Exactness on the real default model (SmolLM2-135M-Instruct, fp32, CPU) over 20 shared items.
 
 ngramspec greedy output must equal plain greedy ``generate`` token for token. On a CPU in fp32 a
 forward over k+1 tokens and k+1 one-token forwards differ by ~1e-5 in the logits, so where the
@@ -19,11 +19,12 @@ from ngramspec import NgramSpeculator, load_model
 
 NEAR_TIE = 1e-3  # logits; observed fp32 batch-vs-incremental noise is ~1e-5
 MAX_NEW_TOKENS = 128
-# 30 items: 10 rewriting, 10 code editing, 10 summarization (first items of each set).
+# 20 items: 7 rewriting, 7 code editing, 6 summarization (first items of each set; the
+# 100-item benchmarks in eval/results/ compare every output with greedy as well).
 ITEMS = {
-    "jfleg": 3, "asset": 3, "iterater_human": 4,
-    "humanevalfix": 4, "quixbugs": 3, "editeval_instructcoder": 3,
-    "spec_bench_cnndm": 2, "xsum": 3, "dialogsum": 3, "qmsum_specific": 2,
+    "jfleg": 2, "asset": 2, "iterater_human": 3,
+    "humanevalfix": 3, "quixbugs": 2, "editeval_instructcoder": 2,
+    "spec_bench_cnndm": 2, "xsum": 2, "dialogsum": 1, "qmsum_specific": 1,
 }
 
 pytestmark = [
