@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from . import decode
 from .decode import StopRule, TokenBuffer, to_device
 from .metrics import DecodeStats
 from .speculator import batch_draft_length
@@ -165,12 +166,14 @@ def speculative_batch(
         positions = next_position[:, None] + torch.arange(width + 1, device=device)  # (A, K+1)
         logits = forward(ids, positions, torch.cat([mask, step_mask], dim=1), width + 1)  # (A, K+1, V)
 
-        # 3. Verify each row: keep draft tokens while they equal the target's own choice. Position
-        # j of a row only matters if its d1..dj were accepted, so every position is processed
-        # with that prefix and all rows' choices are read in one host-device sync.
+        # 3. Verify each row: keep draft tokens while they equal the target's own choice.
+        # Position j of a row only matters if its d1..dj were accepted; on an accelerator every
+        # position is processed with that prefix and all rows' choices are read in one sync, on
+        # CPU each row is decided position by position up to its first rejection.
+        at_once = fast_greedy or decode.reads_all_positions_at_once(logits)
         if fast_greedy:
             targets = logits.argmax(-1).tolist()  # (A, K+1)
-        else:
+        elif at_once:
             spans, scores = [], []  # rows of `scores` belonging to each active row
             for a, b in enumerate(active):
                 base, k = prompt_len + len(new_tokens[b]), len(draft_tokens[b])
@@ -181,14 +184,25 @@ def speculative_batch(
         accepted = []
         for a, b in enumerate(active):
             draft, k = draft_tokens[b], len(draft_tokens[b])
-            row = targets[a] if fast_greedy else flat[spans[a] : spans[a] + k + 1]
-            n = 0
-            while n < k and draft[n] == row[n]:
-                n += 1
-            emitted[b] = draft[:n] + [row[n]]
-            if keep_scores or keep_logits:
-                for j in range(n + 1):
-                    keep(b, scores[spans[a] + j], logits[a, j])  # never on the fast path
+            if at_once:
+                row = targets[a] if fast_greedy else flat[spans[a] : spans[a] + k + 1]
+                n = 0
+                while n < k and draft[n] == row[n]:
+                    n += 1
+                emitted[b] = draft[:n] + [row[n]]
+                if keep_scores or keep_logits:
+                    for j in range(n + 1):
+                        keep(b, scores[spans[a] + j], logits[a, j])  # never on the fast path
+            else:
+                emitted[b] = []
+                base = prompt_len + len(new_tokens[b])
+                for j in range(k + 1):
+                    row_scores = processed(b, base + j, logits[a, j : j + 1])
+                    keep(b, row_scores[0], logits[a, j])
+                    emitted[b].append(pick(row_scores)[0])
+                    if j == k or draft[j] != emitted[b][-1]:
+                        break
+                n = len(emitted[b]) - 1
             accepted.append(n)
             valid[a] += n + 1
             # 5. Record stats (the emitted tokens are written and checked at the loop's top).

@@ -72,6 +72,15 @@ def to_device(values, device: torch.device, dtype=torch.long) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
+def reads_all_positions_at_once(logits: torch.Tensor) -> bool:
+    """How a step with processors or sampling decides its draft positions. On an accelerator:
+    every position processed (assuming the drafts before it accepted) and all choices read in
+    one host-device sync. On CPU there is no sync to save, while processors and sampling cost
+    per position (top-p sorts the vocabulary; multinomial is slow), so positions are decided
+    one by one and the work stops at the first rejection."""
+    return logits.device.type != "cpu"
+
+
 class TokenBuffer:
     """Growable (B, capacity) token buffer on the model's device: row b holds prompt[b] and
     then that row's new tokens; ``data[b, :n]`` is the row's prefix of length n."""
@@ -210,7 +219,8 @@ def speculative_greedy(
             logits = forward(ids, cur_len - 1, k + 1, tree_layout(parents))
 
         # 3. Verify: keep draft tokens while they equal the target's greedy (or sampled) choice.
-        if parents is None:
+        plain = process is None and not sample  # the choice is the argmax of the raw logits
+        if parents is None and (plain or reads_all_positions_at_once(logits)):
             # Position j's choice only matters if d1..dj were all accepted, so its prefix is
             # seq + d1..dj: process every position on that assumption, pick all rows in one sync.
             if process is None:
@@ -225,10 +235,9 @@ def speculative_greedy(
             if keep_scores or keep_logits:
                 for j in range(accepted + 1):
                     keep(scores[j : j + 1], logits[j : j + 1])
-        else:  # walk the tree: the prefix of each node is its own branch
+        else:  # walk the chain or tree position by position (a tree node's prefix is its branch)
             children = _children(draft, parents)
-            plain = process is None and not sample  # no prefix needed: every row's argmax at once
-            targets = pick(logits) if plain else None
+            targets = pick(logits) if plain else None  # no prefix needed: every row's argmax at once
             emitted, path, row = [], [], 0  # row 0: the last token; draft token i is row i + 1
             while True:
                 if plain:
@@ -242,7 +251,8 @@ def speculative_greedy(
                     break
                 path.append(node)
                 row = node + 1
-                seq.write(cur_len + len(emitted) - 1, [target])
+                if parents is not None:  # a chain's tokens are in seq already
+                    seq.write(cur_len + len(emitted) - 1, [target])
             accepted = len(path)
             if path == list(range(accepted)):
                 path = None  # a prefix of the block: a crop suffices

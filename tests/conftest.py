@@ -60,6 +60,17 @@ PROCESSOR_CASES = [
 ]
 
 
+@pytest.fixture(params=["one_by_one", "all_at_once"])
+def verify_mode(request, monkeypatch):
+    """Both ways a step with processors or sampling decides its draft positions: one by one
+    up to the first rejection (CPU), or all at once in one sync (accelerators; forced here)."""
+    from ngramspec import decode
+
+    if request.param == "all_at_once":
+        monkeypatch.setattr(decode, "reads_all_positions_at_once", lambda logits: True)
+    return request.param
+
+
 def plain_generate(model, ids, **kwargs):
     """transformers' own generate, bypassing the ngramspec wrapper entirely."""
     from transformers import GenerationMixin

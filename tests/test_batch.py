@@ -119,7 +119,7 @@ class BanAfterTwo(LogitsProcessor):
 @pytest.mark.parametrize(
     "processor_kwargs", PROCESSOR_CASES + [dict(logits_processor=LogitsProcessorList([BanAfterTwo()]))]
 )
-def test_batch_processors_see_each_rows_prefix(tiny_model, processor_kwargs):
+def test_batch_processors_see_each_rows_prefix(tiny_model, processor_kwargs, verify_mode):
     rows = repetitive_rows(np.random.default_rng(5), 4, lengths=(3, 40))
     ids, mask = left_pad(rows)
     spec = NgramSpeculator(min_n=1, verify_cost=((1, 1.0), (512, 1.0)))
@@ -131,7 +131,7 @@ def test_batch_processors_see_each_rows_prefix(tiny_model, processor_kwargs):
         assert sum(s.accepted_tokens for s in spec.last_stats) > 10
 
 
-def test_batch_scores_and_logits_match_plain(tiny_model):
+def test_batch_scores_and_logits_match_plain(tiny_model, verify_mode):
     rows = repetitive_rows(np.random.default_rng(8), 3, lengths=(5, 30))
     ids, mask = left_pad(rows)
     kwargs = dict(attention_mask=mask, max_new_tokens=30, return_dict_in_generate=True, output_scores=True,

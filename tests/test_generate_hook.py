@@ -81,7 +81,7 @@ def test_streamer_gets_prompt_then_every_token_once(tiny_model):
     assert any(len(chunk) > 1 for chunk in streamer.puts[1:])  # drafts arrive as chunks
 
 
-def test_return_dict_scores_and_logits_match_plain(tiny_model):
+def test_return_dict_scores_and_logits_match_plain(tiny_model, verify_mode):
     kwargs = dict(max_new_tokens=30, return_dict_in_generate=True, output_scores=True, output_logits=True, repetition_penalty=1.2)
     expected = plain_generate(tiny_model, IDS, **kwargs)
     spec = NgramSpeculator()
@@ -94,7 +94,7 @@ def test_return_dict_scores_and_logits_match_plain(tiny_model):
 
 
 @pytest.mark.parametrize("processor_kwargs", PROCESSOR_CASES)
-def test_logits_processors_see_the_right_prefix(tiny_model, processor_kwargs):
+def test_logits_processors_see_the_right_prefix(tiny_model, processor_kwargs, verify_mode):
     expected = plain_generate(tiny_model, IDS, max_new_tokens=50, **processor_kwargs)
     spec = NgramSpeculator()
     got = tiny_model.generate(IDS, max_new_tokens=50, ngram_speculator=spec, **processor_kwargs)

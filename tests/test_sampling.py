@@ -133,6 +133,15 @@ def test_speculative_sampling_matches_the_exact_distribution(model, setting):
     assert p > ALPHA
 
 
+@pytest.mark.parametrize("setting", ["top_p", "user_processor"])
+def test_all_positions_at_once_samples_the_exact_distribution(model, setting, monkeypatch):
+    """The accelerator way (every draft position sampled at once, one sync), forced on CPU."""
+    from ngramspec import decode
+
+    monkeypatch.setattr(decode, "reads_all_positions_at_once", lambda logits: True)
+    test_speculative_sampling_matches_the_exact_distribution(model, setting)
+
+
 def test_plain_sampling_matches_the_exact_distribution(model):
     """Checks the exact computation (and the warper order) against transformers itself."""
     kwargs, warpers = SETTINGS["top_p"]
@@ -203,7 +212,7 @@ def two_sample_p(counts_a: dict, counts_b: dict, exact: dict, n: int) -> float:
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_batched_speculative_sampling_matches_plain_sampling(model, setting):
+def test_batched_speculative_sampling_matches_plain_sampling(model, setting, verify_mode):
     """Plain sampling vs speculative sampling, each N = 3000 rows of one batch: homogeneity
     chi-square, plus speculative vs the exact distribution.
 
