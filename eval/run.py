@@ -122,9 +122,12 @@ def run(model_name, task_names, method_text, limit, max_new_tokens, out_dir, dat
             bar.set_postfix({m: f"{t / s:.1f} tok/s" for m, (t, s) in totals.items() if s})
     bar.close()
     state.wait_for_everyone()
-    if state.is_main_process:
-        return report.write(out_dir, read_records(out_dir), meta)
-    return None
+    result = report.write(out_dir, read_records(out_dir), meta) if state.is_main_process else None
+    state.wait_for_everyone()
+    # Tear the process group down before exit: a gloo group left to the interpreter's shutdown
+    # can abort the process after all work is done.
+    state.destroy_process_group()
+    return result
 
 
 def export_traces(out_dir: Path, path: Path) -> int:

@@ -238,15 +238,16 @@ def _kind(args, path: str, text: str) -> str:
     return kind_of(None if path == "-" else path, text) if args.kind == "auto" else args.kind
 
 
-def _already_in_place(args, path: str, text: str, config) -> bool:
-    """--in-place --resume after an interruption: this file was rewritten already (its .bak holds
-    the original, whose finished chunks are all saved, and the file holds their result)."""
+def _finished_in_place(args, path: str, text: str, config) -> ResumeState | None:
+    """--in-place --resume after an interruption: the resume state of this file when it was
+    rewritten already (its .bak holds the original, whose state marks the file's content as
+    the finished result), else None."""
     backup = Path(path + ".bak")
     if not (getattr(args, "in_place", False) and args.resume and backup.is_file()):
-        return False
+        return None
     original = backup.read_text(encoding="utf-8")
     state = _resume_state(args, original, _kind(args, path, original), config)
-    return state.load().get(-1) == hashlib.sha256(text.encode()).hexdigest()
+    return state if state.load().get(-1) == hashlib.sha256(text.encode()).hexdigest() else None
 
 
 def _process(args, job, path: str, text: str, config, bar, stream: bool) -> ResumeState:
@@ -304,15 +305,15 @@ def run(args) -> int:
     import torch
 
     many = len(args.inputs) > 1 or args.out_dir is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
-    rank, world, device, state = 0, 1, None, None
+    rank, world, device, processes = 0, 1, None, None
     if many:
         from accelerate import PartialState
 
         # cpu=True without CUDA: `accelerate launch --multi_gpu --num_processes N` then starts N
         # CPU processes; with GPUs each process gets its own device.
-        state = PartialState(cpu=not torch.cuda.is_available())
-        rank, world = state.process_index, state.num_processes
-        device = "cpu" if state.device.type == "cpu" else str(state.device)
+        processes = PartialState(cpu=not torch.cuda.is_available())
+        rank, world = processes.process_index, processes.num_processes
+        device = "cpu" if processes.device.type == "cpu" else str(processes.device)
         if not args.threads and world > 1 and device == "cpu":
             args.threads = max(1, (os.cpu_count() or 1) // world)
     if args.threads:
@@ -340,12 +341,14 @@ def run(args) -> int:
     from tqdm import tqdm
 
     mine = shard_by_size([len(t) for t in texts], world)[rank]
-    mine = [i for i in mine if not _already_in_place(args, args.inputs[i], texts[i], config)]
+    finished = {i: _finished_in_place(args, args.inputs[i], texts[i], config) for i in mine}
+    states = [resume for resume in finished.values() if resume is not None]  # cleared at the end too
+    mine = [i for i in mine if finished[i] is None]
     chunk_lists = {i: job.chunks(texts[i], _kind(args, args.inputs[i], texts[i])) for i in mine}
     total = sum(len(c) if args.command == "rewrite" else sum(1 for x in c if x.body) for c in chunk_lists.values())
     bar = tqdm(total=total, unit="chunk", file=sys.stderr, disable=args.quiet,
                desc=f"{args.command}[{rank}]" if world > 1 else args.command)
-    records, states = [], []
+    records = []
     try:
         for i in mine:
             job.stats = JobStats()  # per document (sampling seeds too, so a split run equals a whole one)
@@ -354,11 +357,14 @@ def run(args) -> int:
     finally:
         bar.close()
 
-    if state is not None:
+    if processes is not None:
         from accelerate.utils import gather_object
 
-        state.wait_for_everyone()
+        processes.wait_for_everyone()
         records = gather_object(records)  # every process's documents, on every process
+        # Tear the process group down before exit: a gloo group left to the interpreter's
+        # shutdown can abort the process after all work is done.
+        processes.destroy_process_group()
     for resume in states:
         resume.clear()
     if args.stats and rank == 0:

@@ -140,8 +140,8 @@ def speculative_greedy(
     from exactly the distribution plain sampling would use.
 
     ``process(prefix, logits_row) -> scores`` applies logits processors (and, when sampling,
-    warpers): it is called once per emitted token with the prefix that ends right before that
-    token, as plain decoding does.
+    warpers) with the prefix that ends right before the position, as plain decoding does: once
+    per emitted token, or, on an accelerator, once per verified position (one sync per step).
 
     Sampling verifies by sample-and-compare: at draft position j, draw x ~ p_j; emit x; keep
     going only if x equals the drafted token. Each emitted token is then a draw from the
@@ -170,7 +170,8 @@ def speculative_greedy(
             result.logits.append(logits_row)
 
     def choose(prefix_len: int, logits_row: torch.Tensor) -> int:
-        # The token-by-token choice (prefill, tree walks); chains decide all positions at once.
+        # One position's choice: the prefill, and walks position by position (trees; chains
+        # with processors or sampling on CPU, see reads_all_positions_at_once).
         scores = scores_of(prefix_len, logits_row)
         keep(scores, logits_row)
         return pick(scores)[0]

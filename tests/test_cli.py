@@ -263,8 +263,10 @@ def test_many_documents_in_place_resume_skips_finished_ones(tiny_model_dir, tmp_
     monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
     args = ["rewrite", *inputs, "--instruction", "Fix.", "--in-place", "--model", str(tiny_model_dir),
             "--max-new-tokens", "8", "--chunk-tokens", "32", "--quiet", "--stats"]
+    clear = cli_module.ResumeState.clear
     monkeypatch.setattr(cli_module.ResumeState, "clear", lambda self: None)  # as if killed at the very end
     assert cli_module.main(args) == 0
+    monkeypatch.setattr(cli_module.ResumeState, "clear", clear)
     first = {name: (tmp_path / "docs" / name).read_text() for name in DOCUMENTS}
     assert all((tmp_path / "docs" / (name + ".bak")).read_text() == DOCUMENTS[name] for name in DOCUMENTS)
     capsys.readouterr()
@@ -273,3 +275,4 @@ def test_many_documents_in_place_resume_skips_finished_ones(tiny_model_dir, tmp_
     assert merged["documents"] == 0  # nothing left to do
     assert {name: (tmp_path / "docs" / name).read_text() for name in DOCUMENTS} == first
     assert all((tmp_path / "docs" / (name + ".bak")).read_text() == DOCUMENTS[name] for name in DOCUMENTS)
+    assert not any((Path(cache_env["NGRAMSPEC_CACHE"]) / "resume").glob("*.json"))  # no state left behind
