@@ -188,6 +188,13 @@ def main(args) -> int:
     unknown = [d for d in dtypes if d is not None and d not in DTYPES]
     if unknown or min(batch_sizes) < 1:
         raise ValueError(f"dtypes must be among {', '.join(DTYPES)} and batch sizes >= 1")
+    if args.device is not None:
+        try:
+            device = torch.device(args.device)
+        except RuntimeError as err:
+            raise ValueError(f"--device {args.device!r}: {err}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: this machine has no CUDA device")
     started = time.time()
     result = {"rows": [], "verify_costs": {}}
     for dtype in dtypes:

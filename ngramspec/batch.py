@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from . import decode
-from .decode import StopRule, TokenBuffer, to_device
+from .decode import StopRule, TokenBuffer, agreement, to_device
 from .metrics import DecodeStats
 from .speculator import batch_draft_length
 
@@ -186,9 +186,7 @@ def speculative_batch(
             draft, k = draft_tokens[b], len(draft_tokens[b])
             if at_once:
                 row = targets[a] if fast_greedy else flat[spans[a] : spans[a] + k + 1]
-                n = 0
-                while n < k and draft[n] == row[n]:
-                    n += 1
+                n = agreement(draft, row)
                 emitted[b] = draft[:n] + [row[n]]
                 if keep_scores or keep_logits:
                     for j in range(n + 1):

@@ -173,7 +173,7 @@ def _check_args(args) -> None:
         raise CliError("an input is given twice")
     if "-" in inputs and len(inputs) > 1:
         raise CliError("'-' (stdin) can only be the one input")
-    if sum(x is not None and x is not False for x in (args.output, args.out_dir, in_place or None)) > 1:
+    if (args.output is not None) + (args.out_dir is not None) + in_place > 1:
         raise CliError("give one of -o/--output, --out-dir and --in-place")
     if in_place and "-" in inputs:
         raise CliError("--in-place needs a file, not stdin")

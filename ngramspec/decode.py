@@ -72,6 +72,15 @@ def to_device(values, device: torch.device, dtype=torch.long) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
+def agreement(draft: list[int], choices: list[int]) -> int:
+    """Draft tokens a step keeps: the length of the prefix of ``draft`` equal to the target's
+    ``choices`` (which hold one more entry: the choice after the last draft token)."""
+    n = 0
+    while n < len(draft) and draft[n] == choices[n]:
+        n += 1
+    return n
+
+
 def reads_all_positions_at_once(logits: torch.Tensor) -> bool:
     """How a step with processors or sampling decides its draft positions. On an accelerator:
     every position processed (assuming the drafts before it accepted) and all choices read in
@@ -229,9 +238,7 @@ def speculative_greedy(
             else:
                 scores = torch.cat([scores_of(cur_len + j, logits[j : j + 1]) for j in range(k + 1)])
             targets = pick(scores)  # the step's one host-device sync
-            accepted = 0
-            while accepted < k and draft[accepted] == targets[accepted]:
-                accepted += 1
+            accepted = agreement(draft, targets)
             emitted, path = draft[:accepted] + [targets[accepted]], None
             if keep_scores or keep_logits:
                 for j in range(accepted + 1):

@@ -39,6 +39,7 @@ from transformers.generation.stopping_criteria import (
 )
 
 from .batch import speculative_batch, stack_per_index
+from .config import CPU_VERIFY_COST
 from .decode import StopRule, speculative_greedy, to_device
 from .speculator import NgramSpeculator
 
@@ -274,8 +275,6 @@ _warned_devices: set = set()
 def _warn_if_cpu_curve_on_accelerator(model, speculator) -> None:
     """Once per device type: the default cost curve was measured on a 2-core CPU, and sizes
     drafts too timidly where extra positions are nearly free (a GPU)."""
-    from .config import CPU_VERIFY_COST
-
     device = next(model.parameters()).device.type
     if device != "cpu" and device not in _warned_devices and tuple(speculator.config.verify_cost) == CPU_VERIFY_COST:
         _warned_devices.add(device)

@@ -174,6 +174,9 @@ def test_accelerate_launch_two_cpu_processes(tiny_model_dir, tmp_path):
         (["run", "--methods", "ngramspec:foo=1"], "unknown speculator setting 'foo'"),
         (["run", "--tasks", "jfleg", "--data-dir", "/no/such/dir"], "not found: pass the shared data directory"),
         (["replay", "/no/such/traces.jsonl"], "No such file"),
+        (["bench", "--device", "nonsense"], "--device 'nonsense'"),
+        (["bench", "--dtypes", "float8"], "dtypes must be among"),
+        (["bench", "--batch-sizes", "0"], "batch sizes >= 1"),
     ],
 )
 def test_cli_bad_input_gives_a_message_and_exit_2(tmp_path, args, message):
