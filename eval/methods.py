@@ -36,12 +36,13 @@ def parse_method(text: str) -> Method:
 
 def split_methods(text: str) -> list[str]:
     """``greedy,hf-pld,ngramspec:max_n=4,min_n=1`` -> methods; a ``name=value`` part after a
-    ``ngramspec:`` method belongs to it (settings are comma-separated too)."""
+    method with settings (``ngramspec:``, ``vllm-rule:``, ``suffix:``...) belongs to it
+    (settings are comma-separated too)."""
     methods: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        if methods and methods[-1].startswith("ngramspec:") and "=" in part and ":" not in part.split("=")[0]:
+        if methods and ":" in methods[-1] and "=" in part and ":" not in part.split("=")[0]:
             methods[-1] += "," + part
         elif methods and methods[-1].startswith("ngramspec:") and "=" not in part and ":" in part and part[0].isdigit():
             methods[-1] += "," + part  # continuation of a verify_cost=1:1.0,4:1.4 value

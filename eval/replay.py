@@ -42,6 +42,8 @@ def replay_all(traces: list[dict], drafter_names: list[str], cost: ForwardCost, 
             max_draft = int(dict(p.split("=") for p in name.partition(":")[2].split(",") if p).get("k", 16))
         else:
             drafter = make_drafter(name, eos_token_ids)
+            if name.startswith("ngramspec") and "verify_cost" not in name:  # size drafts by the scoring curve
+                drafter = type(drafter)(drafter.config, verify_cost=cost.points)
         for trace in traces:
             if oracle:
                 tokens, forwards, total = oracle_replay(trace["prompt_ids"], trace["output_ids"], cost, max_draft)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tasks/, eval/ at the repo root
 
 import ngramspec  # noqa: E402  (installs the generate hook)
+
+# tests/with_vllm needs vLLM, which lives in its own venv (`make test-vllm`).
+collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["with_vllm/*"]
 
 
 def tiny_llama(vocab_size: int = 40, seed: int = 0, dtype=torch.float64):

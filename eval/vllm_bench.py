@@ -1,0 +1,221 @@
+"""Side-by-side drafters inside one vLLM engine: no speculation, vLLM's ``ngram`` (its default
+n-gram sizes, and k=10 with n 2-5), vLLM's ``suffix`` (SuffixDecoding) and ngramspec.
+
+    .venv-vllm/bin/python -m eval.vllm_bench --limit 5 --concurrency 1,16 --out eval/results/vllm_bench
+
+Same items, prompts and greedy settings for every method; each method runs in its own process
+(one engine each, after an untimed warm-up request). Concurrency 1 sends requests one at a time;
+concurrency C lets the engine run C requests at once (``max_num_seqs=C``, all submitted
+together). Reported per method: tokens/s, ratio to no speculation, MAT over all steps (new
+tokens per target forward, this project's metric) and over steps that drafted (vLLM's "mean
+acceptance length"), drafted tokens per drafted step, and the share of items whose token ids
+equal no speculation's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> speculative_config (None: no speculation)
+METHODS = {
+    "none": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 5},
+    "ngram-k10": {"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+    "suffix": {"method": "suffix", "num_speculative_tokens": 24},
+    "ngramspec": {"method": "custom_class", "model": "ngramspec.vllm.Proposer", "num_speculative_tokens": 24},
+}
+
+
+def build_items(sets: list[str], limit: int, model_dir: str, data_dir: str | None) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    import tasks
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    items = []
+    for name in sets:
+        for item in tasks.load_items(name, data_dir, limit):
+            items.append({"id": item["id"], "set": name, "family": tasks.family_of(name),
+                          "prompt_ids": tasks.prompt_ids(tokenizer, item)})
+    return items
+
+
+def spec_counters(llm) -> dict:
+    """Totals of vLLM's speculative-decoding counters (zeros without speculation)."""
+    totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+    for metric in llm.get_metrics():
+        if metric.name in names:
+            totals[names[metric.name]] += int(getattr(metric, "value", 0))
+    return totals
+
+
+def run_method(method: str, items: list[dict], concurrency: int, max_tokens: int, model_dir: str,
+               max_model_len: int) -> dict:
+    """One engine, all items: outputs, wall seconds and speculation counters."""
+    from vllm import LLM, SamplingParams
+
+    kwargs = dict(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=max_model_len,
+                  max_num_seqs=max(concurrency, 1), disable_log_stats=False)
+    if METHODS[method] is not None:
+        kwargs["speculative_config"] = METHODS[method]
+    llm = LLM(**kwargs)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    prompts = [{"prompt_token_ids": item["prompt_ids"]} for item in items]
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)  # warm-up
+    before = spec_counters(llm)
+    start = time.perf_counter()
+    item_seconds = []  # per item at concurrency 1 (then per-family speeds come for free)
+    if concurrency <= 1:
+        outputs = []
+        for prompt in prompts:
+            t0 = time.perf_counter()
+            outputs += llm.generate([prompt], params, use_tqdm=False)
+            item_seconds.append(time.perf_counter() - t0)
+    else:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    after = spec_counters(llm)
+    return {
+        "method": method, "concurrency": concurrency, "seconds": seconds, "item_seconds": item_seconds,
+        "outputs": [list(o.outputs[0].token_ids) for o in outputs],
+        "spec": {k: after[k] - before[k] for k in after},
+    }
+
+
+def summarise(runs: dict, items: list[dict]) -> list[dict]:
+    """One row per (concurrency, method, family or 'overall')."""
+    rows = []
+    for (concurrency, method), run in sorted(runs.items()):
+        base = runs[(concurrency, "none")]
+        families = sorted({item["family"] for item in items}) + ["overall"]
+        for family in families:
+            picked = [i for i, item in enumerate(items) if family in ("overall", item["family"])]
+            tokens = sum(len(run["outputs"][i]) for i in picked)
+            identical = sum(run["outputs"][i] == base["outputs"][i] for i in picked)
+            row = {"concurrency": concurrency, "method": method, "family": family, "items": len(picked),
+                   "new_tokens": tokens, "identical": identical / len(picked)}
+            if run["item_seconds"]:  # concurrency 1: each item timed on its own
+                row["tok_s"] = tokens / sum(run["item_seconds"][i] for i in picked)
+                base_tokens = sum(len(base["outputs"][i]) for i in picked)
+                row["vs_none"] = row["tok_s"] / (base_tokens / sum(base["item_seconds"][i] for i in picked))
+            if family == "overall":
+                spec = run["spec"]
+                total = sum(len(o) for o in run["outputs"])
+                row["tok_s"] = total / run["seconds"]
+                row["vs_none"] = row["tok_s"] / (sum(len(o) for o in base["outputs"]) / base["seconds"])
+                # Every step emits one token plus the draft tokens it accepted.
+                row["mat_all_steps"] = total / max(total - spec["accepted_tokens"], 1)
+                row["mat_drafted_steps"] = 1 + spec["accepted_tokens"] / spec["drafts"] if spec["drafts"] else 1.0
+                row["drafted_per_draft"] = spec["draft_tokens"] / spec["drafts"] if spec["drafts"] else 0.0
+            rows.append(row)
+    return rows
+
+
+def family_markdown(rows: list[dict]) -> str:
+    """tok/s per family and method (rows that have them: concurrency 1, or --per-family)."""
+    timed = [r for r in rows if r["family"] != "overall" and "tok_s" in r]
+    if not timed:
+        return ""
+    methods = list(dict.fromkeys(r["method"] for r in timed))
+    lines = ["| concurrency | family | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    for key in dict.fromkeys((r["concurrency"], r["family"]) for r in timed):
+        cells = {r["method"]: r for r in timed if (r["concurrency"], r["family"]) == key}
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
+            f"{cells[m]['tok_s']:.1f} ({cells[m]['vs_none']:.2f}x)" if m in cells else "" for m in methods) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| concurrency | method | tok/s | vs none | MAT (all steps) | MAT (drafted steps) | drafted/draft | identical |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["family"] == "overall":
+            lines.append(f"| {r['concurrency']} | {r['method']} | {r['tok_s']:.1f} | {r['vs_none']:.2f}x | "
+                         f"{r['mat_all_steps']:.2f} | {r['mat_drafted_steps']:.2f} | {r['drafted_per_draft']:.1f} | "
+                         f"{100 * r['identical']:.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    import tasks
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sets", default=",".join(tasks.TASKS), help="comma-separated set names (default: all ten)")
+    parser.add_argument("--limit", type=int, default=5, help="items per set")
+    parser.add_argument("--max-tokens", type=int, default=256, help="new tokens per item at most")
+    parser.add_argument("--concurrency", default="1,16", help="comma-separated request concurrencies")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
+    parser.add_argument("--per-family", action="store_true", help="time every family in its own run (slower)")
+    parser.add_argument("--model", default=None, help="model folder (default: the default model)")
+    parser.add_argument("--data-dir", default=None, help="shared data directory (default: $NGRAMSPEC_DATA or ../shared/data)")
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--out", default=None, help="folder for results.json and results.md")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default reserves most of RAM
+
+    if args.worker:  # one method in this process: read items, write the run
+        job = json.loads(Path(args.worker).read_text())
+        run = run_method(job["method"], job["items"], job["concurrency"], job["max_tokens"], job["model"],
+                         job["max_model_len"])
+        Path(job["result"]).write_text(json.dumps(run))
+        return 0
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        parser.error(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
+    if "none" not in methods:
+        methods.insert(0, "none")
+    from ngramspec.models import default_model_dir
+
+    model = args.model or str(default_model_dir())
+    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    items = build_items(sets, args.limit, model, args.data_dir)
+    out = Path(args.out) if args.out else Path(os.environ.get("TMPDIR", "/tmp")) / "ngramspec-vllm-bench"
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    groups = [("all", items)] if not args.per_family else \
+        [(f, [i for i in items if i["family"] == f]) for f in sorted({i["family"] for i in items})]
+    report = {"command": " ".join([Path(sys.executable).name, "-m", "eval.vllm_bench", *(argv or sys.argv[1:])]),
+              "items": len(items), "rows": []}
+    for group, group_items in groups:
+        runs = {}
+        for concurrency in (int(c) for c in args.concurrency.split(",")):
+            for method in methods:
+                job = {"method": method, "items": group_items, "concurrency": concurrency, "max_tokens": args.max_tokens,
+                       "model": model, "max_model_len": args.max_model_len,
+                       "result": str(out / f"run-{group}-{method}-c{concurrency}.json")}
+                job_path = out / f"job-{group}-{method}-c{concurrency}.json"
+                job_path.write_text(json.dumps(job))
+                print(f"[{group}] {method} at concurrency {concurrency}: {len(group_items)} items ...", file=sys.stderr, flush=True)
+                subprocess.run([sys.executable, "-m", "eval.vllm_bench", "--worker", str(job_path)], cwd=ROOT, env=env,
+                               check=True, stdout=subprocess.DEVNULL if not os.environ.get("VERBOSE") else None)
+                runs[(concurrency, method)] = json.loads(Path(job["result"]).read_text())
+                job_path.unlink()
+        rows = summarise(runs, group_items)
+        for r in rows:
+            r["group"] = group
+        report["rows"] += rows
+        print(f"\n[{group}]\n" + markdown(rows) + "\n" + family_markdown(rows), flush=True)
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    text = f"Command: `{report['command']}`\n\n"
+    for group, _ in groups:
+        group_rows = [r for r in report["rows"] if r["group"] == group]
+        text += f"### {group}\n\n" + markdown(group_rows) + "\n" + family_markdown(group_rows) + "\n"
+    (out / "results.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

