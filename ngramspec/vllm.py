@@ -150,14 +150,16 @@ class RowSessions:
         """Match every decoding row (index -> its whole text) to a session, extend the session
         with the row's new tokens, and return row -> session."""
         previous = {id(s): s for s in self.rows.values()}
-        by_head: dict[tuple, list[SpeculationSession]] = {}
-        for session in list(previous.values()) + list(self.idle.values()):
-            by_head.setdefault(_head(session.index.tokens, session.index.length), []).append(session)
+        by_head: dict[tuple, list[SpeculationSession]] | None = None  # built when a row moved
         matched: dict[int, SpeculationSession] = {}
         taken: set[int] = set()
         for i, row in rows.items():
             session = self.rows.get(i)
             if session is None or id(session) in taken or not self.holds(session, row):
+                if by_head is None:
+                    by_head = {}
+                    for s in list(previous.values()) + list(self.idle.values()):
+                        by_head.setdefault(_head(s.index.tokens, s.index.length), []).append(s)
                 session = next((s for s in by_head.get(_head(row, row.shape[0]), ())
                                 if id(s) not in taken and self.holds(s, row)), None)
             # Its last draft was verified in the step that just ran unless it was idle.
