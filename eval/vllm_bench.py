@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from .vllm_cost import int_list
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # name -> speculative_config (None: no speculation)
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sets", default=",".join(tasks.TASKS), help="comma-separated set names (default: all ten)")
     parser.add_argument("--limit", type=int, default=5, help="items per set")
     parser.add_argument("--max-tokens", type=int, default=256, help="new tokens per item at most")
-    parser.add_argument("--concurrency", default="1,16", help="comma-separated request concurrencies")
+    parser.add_argument("--concurrency", type=int_list, default="1,16", help="comma-separated request concurrencies")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--per-family", action="store_true", help="time every family in its own run (slower)")
     parser.add_argument("--model", default=None, help="model folder (default: the default model)")
@@ -191,7 +193,7 @@ def main(argv=None) -> int:
               "items": len(items), "rows": []}
     for group, group_items in groups:
         runs = {}
-        for concurrency in (int(c) for c in args.concurrency.split(",")):
+        for concurrency in args.concurrency:
             for method in methods:
                 job = {"method": method, "items": group_items, "concurrency": concurrency, "max_tokens": args.max_tokens,
                        "model": model, "max_model_len": args.max_model_len,

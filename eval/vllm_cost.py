@@ -27,6 +27,17 @@ LOG_ENV = "NGRAMSPEC_COST_LOG"
 SCHEDULE_ENV = "NGRAMSPEC_COST_DRAFTS"
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    """argparse type for "1,4,16": non-negative integers, or a clean usage error."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
 class FixedDrafts:
     """vLLM custom_class drafter: random drafts, lengths cycling through a schedule."""
 
@@ -80,10 +91,10 @@ def measure(model: str, rows: int, context: int, new_tokens: int, drafts=DRAFT_S
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", default="1,4,16", help="concurrent requests per run (comma-separated)")
+    parser.add_argument("--rows", type=int_list, default="1,4,16", help="concurrent requests per run (comma-separated)")
     parser.add_argument("--context", type=int, default=500, help="prompt tokens per request")
     parser.add_argument("--new-tokens", type=int, default=160, help="tokens generated per request")
-    parser.add_argument("--drafts", default=",".join(map(str, DRAFT_SCHEDULE)),
+    parser.add_argument("--drafts", type=int_list, default=",".join(map(str, DRAFT_SCHEDULE)),
                         help="draft lengths cycled through, step by step")
     parser.add_argument("--model", default=None, help="model folder (default: the default model)")
     parser.add_argument("--out", default=None, help="write the curve as JSON here")
@@ -93,9 +104,9 @@ def main(argv=None) -> None:
 
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])
     model = args.model or str(default_model_dir())
-    drafts = tuple(int(k) for k in args.drafts.split(","))
+    drafts = args.drafts
     by_rows = {rows: measure(model, rows, args.context, args.new_tokens, drafts)
-               for rows in (int(r) for r in args.rows.split(","))}
+               for rows in args.rows}
     base = by_rows[min(by_rows)][min(by_rows[min(by_rows)])]
     print(f"one-token step of one request: {base * 1e3:.1f} ms")
     print("rows  N  relative cost (to one request's one-token step)")

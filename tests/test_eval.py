@@ -226,3 +226,14 @@ def test_bench_prints_one_table_for_batch_sizes_and_a_measured_curve(tiny_model_
     assert set(result["drafter_us_per_step"]) == {"1000", "16000", "128000"}
     q, cost = result["verify_costs"]["float32"][1]  # the measured curve sized ngramspec's drafts
     assert q == 2 and f"(2, {cost})" in result["settings"]
+
+
+@pytest.mark.parametrize("module, argv", [("eval.vllm_bench", ["--concurrency", "1,x"]),
+                                           ("eval.vllm_cost", ["--rows", "-1"])])
+def test_vllm_scripts_reject_bad_lists_with_a_usage_error(module, argv, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(module).main(argv)
+    assert exit_info.value.code == 2
+    assert "expected" in capsys.readouterr().err
