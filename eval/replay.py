@@ -12,12 +12,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import tasks
-from ngramspec.config import CPU_VERIFY_COST
-from ngramspec.replay import ForwardCost, replay
+from ngramspec.config import parse_settings
+from ngramspec.costs import DEFAULT_CPU_CURVE, CostCurve
+from ngramspec.files import write_atomic
+from ngramspec.replay import replay
 
 from .drafters import make_drafter
-from .oracle import oracle_replay
 from .methods import split_methods
+from .oracle import oracle_replay
 
 
 def load_traces(path) -> list[dict]:
@@ -32,14 +34,14 @@ def _family(dataset: str) -> str:
         return "other"
 
 
-def replay_all(traces: list[dict], drafter_names: list[str], cost: ForwardCost, eos_token_ids=()) -> dict:
+def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eos_token_ids=()) -> dict:
     """{drafter: {group: totals}} with groups per dataset, per family and "overall"."""
     results = {}
     for name in drafter_names:
         groups = defaultdict(lambda: defaultdict(float))
         oracle = name == "oracle" or name.startswith("oracle:")
         if oracle:  # an upper bound, not a drafter: see eval/oracle.py
-            max_draft = int(dict(p.split("=") for p in name.partition(":")[2].split(",") if p).get("k", 16))
+            max_draft = int(parse_settings(name.partition(":")[2]).get("k", 16))
         else:
             drafter = make_drafter(name, eos_token_ids)
             if name.startswith("ngramspec") and "verify_cost" not in name:  # size drafts by the scoring curve
@@ -84,21 +86,24 @@ def summary_table(results: dict, baseline: str = "hf-rule") -> str:
     base = results.get(baseline)
     header = ["drafter", "MAT", "mean draft", "speed-up"] + [f"{f} speed-up" for f in FAMILIES]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def cell(name: str, group: str) -> str:
+        r = results[name]
+        if group not in r:
+            return "-"
+        text = f"{r[group]['speedup']:.3f}x"
+        if base is not None and group in base and name != baseline:
+            text += f" ({r[group]['speedup'] / base[group]['speedup']:.2f}x {baseline})"
+        return text
+
     for name, r in results.items():
-        def cell(group):
-            if group not in r:
-                return "-"
-            text = f"{r[group]['speedup']:.3f}x"
-            if base is not None and group in base and name != baseline:
-                text += f" ({r[group]['speedup'] / base[group]['speedup']:.2f}x {baseline})"
-            return text
         o = r["overall"]
-        lines.append(f"| {name} | {o['mat']:.2f} | {o['mean_draft']:.2f} | {cell('overall')} | "
-                     + " | ".join(cell(f) for f in FAMILIES) + " |")
+        lines.append(f"| {name} | {o['mat']:.2f} | {o['mean_draft']:.2f} | {cell(name, 'overall')} | "
+                     + " | ".join(cell(name, f) for f in FAMILIES) + " |")
     return "\n".join(lines)
 
 
-def markdown(results: dict, cost: ForwardCost) -> str:
+def markdown(results: dict, cost: CostCurve) -> str:
     groups = sorted({g for r in results.values() for g in r}, key=lambda g: (g == "overall", g))
     lines = [
         "Cost-weighted speed-up = new tokens / sum of verify costs, with cost(q) relative to a one-token "
@@ -122,8 +127,7 @@ def markdown(results: dict, cost: ForwardCost) -> str:
 
 def main(args) -> int:
     traces = load_traces(args.traces)
-    cost = ForwardCost(tuple(CPU_VERIFY_COST) if not args.cost else
-                       tuple((int(q), float(c)) for q, c in (p.split(":") for p in args.cost.split(","))))
+    cost = CostCurve.parse(args.cost) if args.cost else DEFAULT_CPU_CURVE
     names = split_methods(args.methods)
     results = replay_all(traces, names, cost, eos_token_ids=tuple(int(t) for t in args.eos.split(",") if t))
     text = markdown(results, cost)
@@ -131,6 +135,6 @@ def main(args) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text(f"# Replay of {args.traces}\n\n" + text + "\n")
-        out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+        write_atomic(out.with_suffix(".md"), f"# Replay of {args.traces}\n\n" + text + "\n")
+        write_atomic(out.with_suffix(".json"), json.dumps(results, indent=1))
     return 0

@@ -11,6 +11,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from ngramspec.extras import require
+from ngramspec.files import write_atomic
+
 
 def _mean(values):
     values = list(values)
@@ -82,7 +85,8 @@ def markdown(summary: dict, meta: dict) -> str:
         f"{meta.get('torch_threads')} threads x {meta.get('processes', 1)} process(es), "
         f"{meta.get('max_new_tokens')} new tokens, greedy, batch 1.",
         "",
-        "| group | method | items | tok/s | speedup vs greedy | MAT | identical | acceptance by position (1..4) | drafter us/step | quality |",
+        "| group | method | items | tok/s | speedup vs greedy | MAT | identical | acceptance by position (1..4) "
+        "| drafter us/step | quality |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     sections = [(f"**{n}**", s) for n, s in sorted(summary["families"].items())]
@@ -105,10 +109,9 @@ def markdown(summary: dict, meta: dict) -> str:
 
 def plots(summary: dict, records: list[dict], out_dir: Path) -> list[Path]:
     """speedup.png (per task and method) and accepted_lengths.png (tokens per forward)."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "eval")
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "eval")
 
     paths = []
     task_names = sorted(summary["tasks"])
@@ -119,7 +122,8 @@ def plots(summary: dict, records: list[dict], out_dir: Path) -> list[Path]:
         values = [summary["tasks"][t].get(method, {}).get("speedup") or 0 for t in task_names]
         ax.bar([x + i * width for x in range(len(task_names))], values, width, label=method)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(task_names))], task_names, rotation=30, ha="right")
+    ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(task_names))], task_names,
+                  rotation=30, ha="right")
     ax.set_ylabel("speed-up vs greedy (wall clock)")
     ax.legend()
     fig.tight_layout()
@@ -129,7 +133,8 @@ def plots(summary: dict, records: list[dict], out_dir: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for method in methods:
-        emitted = [1 + a for r in records if r["method"] == method for a in (r.get("stats") or {}).get("accepted_per_step", [])]
+        emitted = [1 + a for r in records if r["method"] == method
+                   for a in (r.get("stats") or {}).get("accepted_per_step", [])]
         if emitted:
             top = max(emitted)
             ax.hist(emitted, bins=range(1, top + 2), alpha=0.6, label=method, align="left", density=True)
@@ -148,7 +153,7 @@ def write(out_dir: Path, records: list[dict], meta: dict) -> dict:
     """summary.json, report.md and the plots, from every record of the run."""
     out_dir = Path(out_dir)
     summary = summarize(records)
-    (out_dir / "summary.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
-    (out_dir / "report.md").write_text(markdown(summary, meta) + "\n")
+    write_atomic(out_dir / "summary.json", json.dumps({"meta": meta, "summary": summary}, indent=1))
+    write_atomic(out_dir / "report.md", markdown(summary, meta) + "\n")
     plots(summary, records, out_dir)
     return summary

@@ -15,7 +15,6 @@ for MPI instead).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -23,6 +22,8 @@ from tqdm.auto import tqdm
 
 import ngramspec
 import tasks
+from ngramspec.files import RecordLog, read_jsonl, write_atomic
+from ngramspec.jobs import start_processes
 
 from . import report
 from .methods import ForwardCounter, generate, parse_methods
@@ -32,15 +33,7 @@ RECORDS_GLOB = "items*.jsonl"
 
 def read_records(out_dir: Path) -> list[dict]:
     """Every complete record in the run folder (a torn last line from a crash is skipped)."""
-    records = []
-    for path in sorted(Path(out_dir).glob(RECORDS_GLOB)):
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return records
+    return read_jsonl(sorted(Path(out_dir).glob(RECORDS_GLOB)))
 
 
 def _check_meta(out_dir: Path, meta: dict) -> None:
@@ -58,33 +51,26 @@ def _check_meta(out_dir: Path, meta: dict) -> None:
 
 def run(model_name, task_names, method_text, limit, max_new_tokens, out_dir, data_dir=None, threads=None, quiet=False,
         command=None):
-    from accelerate import PartialState
-
-    # cpu=True on a machine without CUDA: `accelerate launch --multi_gpu --num_processes N` then
-    # starts N CPU processes (gloo backend); with GPUs each process gets its own device.
-    state = PartialState(cpu=not torch.cuda.is_available())
-    rank, world = state.process_index, state.num_processes
-    if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // world)
-    torch.set_num_threads(threads)
+    # Every report states its thread count, so it is always fixed (cores / processes by default).
+    processes = start_processes(threads, pin_threads=True)
+    rank, world = processes.rank, processes.world
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     methods = parse_methods(method_text)
     meta = {
         "model": model_name, "tasks": task_names, "methods": [m.name for m in methods], "limit": limit,
-        "max_new_tokens": max_new_tokens, "torch_threads": threads, "processes": world,
+        "max_new_tokens": max_new_tokens, "torch_threads": processes.threads, "processes": world,
         "torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
         "configs": {m.name: repr(m.speculator.config) for m in methods if m.speculator is not None},
         "command": command,
     }
     _check_meta(out_dir, meta)
-    state.wait_for_everyone()
-    if state.is_main_process:
-        (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    processes.wait()
+    if processes.is_main:
+        write_atomic(out_dir / "meta.json", json.dumps(meta, indent=1))
 
-    device = "cpu" if state.device.type == "cpu" else str(state.device)
-    model, tokenizer = ngramspec.load_model(model_name, device=device)
+    model, tokenizer = ngramspec.load_model(model_name, device=processes.device)
     counter = ForwardCounter(model)
     items = [(tasks.TASKS[name], item) for name in task_names for item in tasks.load_items(name, data_dir, limit)]
     mine = items[rank::world]
@@ -98,7 +84,7 @@ def run(model_name, task_names, method_text, limit, max_new_tokens, out_dir, dat
             generate(model, counter, warm, method, 8)
     totals = {m.name: [0, 0.0] for m in methods}  # tokens, seconds (for the live tokens/s)
     bar = tqdm(total=len(todo), desc=f"run[{rank}]" if world > 1 else "run", unit="item", disable=quiet)
-    with open(shard, "a", encoding="utf-8") as sink:
+    with RecordLog(shard) as sink:
         for task, item in todo:
             ids = torch.tensor([tasks.prompt_ids(tokenizer, item)])
             for method in methods:
@@ -114,29 +100,23 @@ def run(model_name, task_names, method_text, limit, max_new_tokens, out_dir, dat
                 }
                 if method.name == "greedy":
                     record["prompt_ids"] = ids[0].tolist()  # lets the run double as a greedy trace
-                sink.write(json.dumps(record) + "\n")
-                sink.flush()
+                sink.append(record)
                 totals[method.name][0] += len(gen.tokens)
                 totals[method.name][1] += gen.seconds
             bar.update(1)
             bar.set_postfix({m: f"{t / s:.1f} tok/s" for m, (t, s) in totals.items() if s})
     bar.close()
-    state.wait_for_everyone()
-    result = report.write(out_dir, read_records(out_dir), meta) if state.is_main_process else None
-    state.wait_for_everyone()
-    # Tear the process group down before exit: a gloo group left to the interpreter's shutdown
-    # can abort the process after all work is done.
-    state.destroy_process_group()
+    processes.wait()
+    result = report.write(out_dir, read_records(out_dir), meta) if processes.is_main else None
+    processes.wait()
+    processes.close()
     return result
 
 
 def export_traces(out_dir: Path, path: Path) -> int:
     """Write the greedy records of a run as traces: {id, dataset, prompt_ids, output_ids}."""
-    count = 0
-    with open(path, "w", encoding="utf-8") as sink:
-        for r in read_records(out_dir):
-            if r["method"] == "greedy":
-                sink.write(json.dumps({"id": f"{r['task']}/{r['id']}", "dataset": r["task"],
-                                       "prompt_ids": r["prompt_ids"], "output_ids": r["output_ids"]}) + "\n")
-                count += 1
-    return count
+    lines = [json.dumps({"id": f"{r['task']}/{r['id']}", "dataset": r["task"], "prompt_ids": r["prompt_ids"],
+                         "output_ids": r["output_ids"]}) + "\n"
+             for r in read_records(out_dir) if r["method"] == "greedy"]
+    write_atomic(path, "".join(lines))
+    return len(lines)

@@ -138,7 +138,8 @@ def family_markdown(rows: list[dict]) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| concurrency | method | tok/s | vs none | MAT (all steps) | MAT (drafted steps) | drafted/draft | identical |",
+    lines = ["| concurrency | method | tok/s | vs none | MAT (all steps) | MAT (drafted steps) | drafted/draft "
+             "| identical |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["family"] == "overall":
@@ -159,7 +160,8 @@ def main(argv=None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--per-family", action="store_true", help="time every family in its own run (slower)")
     parser.add_argument("--model", default=None, help="model folder (default: the default model)")
-    parser.add_argument("--data-dir", default=None, help="shared data directory (default: $NGRAMSPEC_DATA or ../shared/data)")
+    parser.add_argument("--data-dir", default=None,
+                        help="shared data directory (default: $NGRAMSPEC_DATA or ../shared/data)")
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -195,12 +197,13 @@ def main(argv=None) -> int:
         runs = {}
         for concurrency in args.concurrency:
             for method in methods:
-                job = {"method": method, "items": group_items, "concurrency": concurrency, "max_tokens": args.max_tokens,
-                       "model": model, "max_model_len": args.max_model_len,
+                job = {"method": method, "items": group_items, "concurrency": concurrency,
+                       "max_tokens": args.max_tokens, "model": model, "max_model_len": args.max_model_len,
                        "result": str(out / f"run-{group}-{method}-c{concurrency}.json")}
                 job_path = out / f"job-{group}-{method}-c{concurrency}.json"
                 job_path.write_text(json.dumps(job))
-                print(f"[{group}] {method} at concurrency {concurrency}: {len(group_items)} items ...", file=sys.stderr, flush=True)
+                print(f"[{group}] {method} at concurrency {concurrency}: {len(group_items)} items ...",
+                      file=sys.stderr, flush=True)
                 subprocess.run([sys.executable, "-m", "eval.vllm_bench", "--worker", str(job_path)], cwd=ROOT, env=env,
                                check=True, stdout=subprocess.DEVNULL if not os.environ.get("VERBOSE") else None)
                 runs[(concurrency, method)] = json.loads(Path(job["result"]).read_text())

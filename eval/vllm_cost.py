@@ -102,7 +102,8 @@ def main(argv=None) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default reserves most of RAM
     from ngramspec.models import default_model_dir
 
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])
+    here = str(Path(__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
     model = args.model or str(default_model_dir())
     drafts = args.drafts
     by_rows = {rows: measure(model, rows, args.context, args.new_tokens, drafts)
@@ -116,7 +117,8 @@ def main(argv=None) -> None:
         for n, c in curves[rows]:
             print(f"{rows:4d} {n:4d}  {c:.3f}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"one_token_seconds": base, "curves": curves, "args": vars(args)}, indent=1))
+        record = {"one_token_seconds": base, "curves": curves, "args": vars(args)}
+        Path(args.out).write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ if args.threads:
 source = open(args.file, encoding="utf-8").read() if args.file else SAMPLE
 model, tokenizer = ngramspec.load_model()
 messages = [{"role": "user", "content": f"{args.instruction}\n\n{source}"}]
-ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+ids = ids["input_ids"]
 methods = {
     "plain greedy": {},
     "prompt_lookup_num_tokens=10": {"prompt_lookup_num_tokens": 10},

@@ -28,10 +28,11 @@ INSTRUCTION = "Fix the spelling and grammar mistakes in this document. Keep ever
 def main() -> int:
     threads = int(os.environ.get("NGRAMSPEC_THREADS", "2"))
     torch.set_num_threads(threads)
-    print(f"Loading the default model (SmolLM2-135M-Instruct; converted once on first use)...", file=sys.stderr)
+    print("Loading the default model (SmolLM2-135M-Instruct; converted once on first use)...", file=sys.stderr)
     model, tokenizer = ngramspec.load_model()
     messages = [{"role": "user", "content": INSTRUCTION + "\n\n" + DOCUMENT}]
-    input_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    input_ids = encoded["input_ids"]
     spec = ngramspec.NgramSpeculator()
     max_new_tokens = 256
 

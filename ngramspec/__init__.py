@@ -10,13 +10,14 @@ Importing the package lets every transformers model's ``generate`` accept
 ``ngram_speculator=``; without it, ``generate`` behaves exactly as before.
 """
 
+from .checks import UnsupportedGenerationError
 from .config import SpeculatorConfig
-from .hf import UnsupportedGenerationError, install, ngram_generate, uninstall
+from .hook import install, ngram_generate, uninstall
 from .metrics import DecodeStats
 from .models import ModelNotFoundError, load_model
 from .speculator import Draft, NgramSpeculator, SpeculationSession
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the only place the version is declared: pyproject.toml reads it
 
 install()
 

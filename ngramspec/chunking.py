@@ -16,8 +16,8 @@ Consecutive blocks are packed into one chunk while they fit the budget, and a fe
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 KINDS = ("text", "markdown", "code")
 _CODE_SUFFIXES = {

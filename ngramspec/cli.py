@@ -31,10 +31,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from .documents import CHUNK_TOKENS, MIN_CHUNK_TOKENS, SUMMARIZE_INSTRUCTION, SUMMARY_TOKENS
+from .files import RecordLog, write_atomic
+from .jobs import start_processes
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
@@ -73,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("inputs", nargs="+", metavar="INPUT",
                        help="text, Markdown or code file(s); '-' reads stdin (one input only)")
         p.add_argument("--instruction", required=(name == "rewrite"),
-                       default=None if name == "rewrite" else "Summarize the following text in a few sentences.",
+                       default=None if name == "rewrite" else SUMMARIZE_INSTRUCTION,
                        help="what to do with the text")
         p.add_argument("-o", "--output", default=None, help="output file (default: stdout; one input only)")
         p.add_argument("--out-dir", default=None,
@@ -84,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", default="default",
                        help="'default' (SmolLM2-135M-Instruct), a local model folder or a hub id")
         p.add_argument("--max-new-tokens", type=int, default=None,
-                       help="tokens generated per chunk (default: rewrite 2x the chunk + 64, summarize 256)")
-        p.add_argument("--chunk-tokens", type=int, default=768, help="largest chunk, in tokens")
+                       help="tokens generated per chunk (default: rewrite 2x the chunk + 64, "
+                            f"summarize {SUMMARY_TOKENS})")
+        p.add_argument("--chunk-tokens", type=int, default=CHUNK_TOKENS, help="largest chunk, in tokens")
         p.add_argument("--kind", choices=("auto", "text", "markdown", "code"), default="auto",
                        help="how to find chunk boundaries (auto: from the file suffix)")
         p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -94,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--resume", action="store_true", help="continue an interrupted run from its finished chunks")
         p.add_argument("--quiet", action="store_true", help="no streaming and no progress bar")
         p.add_argument("--stats", action="store_true",
-                       help="print a final JSON line of stats to stderr (time, tokens, forwards, MAT, speed-up estimate)")
+                       help="print a final JSON line of stats to stderr "
+                            "(time, tokens, forwards, MAT, speed-up estimate)")
         p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
         _config_options(p)
     return parser
@@ -123,46 +127,27 @@ def read_input(path: str) -> str:
     return text
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and a rename: all or nothing."""
-    path = Path(path)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as out:
-            out.write(text)
-        if path.exists():
-            shutil.copymode(path, temp)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 class ResumeState:
-    """Finished chunks of one (input, command, instruction, model, settings) run, on disk."""
+    """Finished chunks of one (input, command, instruction, model, settings) run: a record log
+    (one line per chunk, ``index`` -1 marks an in-place file as rewritten) under the cache."""
 
     def __init__(self, key_parts: dict):
         from .models import cache_dir
 
         key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:24]
-        self.path = cache_dir() / "resume" / f"{key}.json"
+        self.log = RecordLog(cache_dir() / "resume" / f"{key}.jsonl")
         self.done: dict[int, str] = {}
 
     def load(self) -> dict[int, str]:
-        if self.path.is_file():
-            try:
-                self.done = {int(k): v for k, v in json.loads(self.path.read_text(encoding="utf-8")).items()}
-            except (ValueError, OSError):
-                self.done = {}
+        self.done = {int(r["index"]): r["text"] for r in self.log.read() if "index" in r and "text" in r}
         return self.done
 
     def save(self, index: int, text: str) -> None:
         self.done[index] = text
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, json.dumps(self.done))
+        self.log.append({"index": index, "text": text})
 
     def clear(self) -> None:
-        self.path.unlink(missing_ok=True)
+        self.log.clear()
 
 
 def _check_args(args) -> None:
@@ -199,8 +184,8 @@ def _check_args(args) -> None:
                 raise CliError(f"the output for {x} would overwrite it; choose another --out-dir or pass --in-place")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise CliError("--max-new-tokens must be at least 1")
-    if args.chunk_tokens < 32:
-        raise CliError("--chunk-tokens must be at least 32")
+    if args.chunk_tokens < MIN_CHUNK_TOKENS:
+        raise CliError(f"--chunk-tokens must be at least {MIN_CHUNK_TOKENS}")
     if args.temperature <= 0:
         raise CliError("--temperature must be > 0")
 
@@ -291,35 +276,20 @@ def _process(args, job, path: str, text: str, config, bar, stream: bool) -> Resu
     return state
 
 
-def run(args) -> int:
-    _check_args(args)
-    texts = [read_input(path) for path in args.inputs]  # every input checked before the model loads
+def _speculator_config(args):
+    """The SpeculatorConfig of the --min-n ... options (bad values are usage errors)."""
     from .config import SpeculatorConfig
 
     settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(SpeculatorConfig) if hasattr(args, f.name)}
     try:
-        config = SpeculatorConfig(**settings)
+        return SpeculatorConfig(**settings)
     except (TypeError, ValueError) as err:
         raise CliError(f"speculator setting: {err}") from None
 
-    import torch
 
-    many = len(args.inputs) > 1 or args.out_dir is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
-    rank, world, device, processes = 0, 1, None, None
-    if many:
-        from accelerate import PartialState
-
-        # cpu=True without CUDA: `accelerate launch --multi_gpu --num_processes N` then starts N
-        # CPU processes; with GPUs each process gets its own device.
-        processes = PartialState(cpu=not torch.cuda.is_available())
-        rank, world = processes.process_index, processes.num_processes
-        device = "cpu" if processes.device.type == "cpu" else str(processes.device)
-        if not args.threads and world > 1 and device == "cpu":
-            args.threads = max(1, (os.cpu_count() or 1) // world)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    from .documents import DocumentJob, JobStats
+def _document_job(args, config, device: str | None, stream: bool):
+    """The model, loaded on ``device``, and the job that rewrites or summarizes with it."""
+    from .documents import DocumentJob
     from .models import ModelNotFoundError, load_model
     from .speculator import NgramSpeculator
 
@@ -327,47 +297,58 @@ def run(args) -> int:
         model, tokenizer = load_model(args.model, device=device)
     except (ModelNotFoundError, OSError, ValueError) as err:
         raise CliError(f"cannot load model {args.model!r}: {str(err).splitlines()[0]}") from None
-
-    stream = not many and not args.quiet and sys.stdout.isatty() and _output_path(args, args.inputs[0]) is None
     streamer_factory = None
     if stream:
         from transformers import TextStreamer
 
         streamer_factory = lambda: TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)  # noqa: E731
-    job = DocumentJob(model, tokenizer, None if args.no_speculation else NgramSpeculator(config),
-                      max_new_tokens=args.max_new_tokens, chunk_tokens=args.chunk_tokens, sample=args.sample,
-                      temperature=args.temperature, seed=args.seed, streamer_factory=streamer_factory)
+    return DocumentJob(model, tokenizer, None if args.no_speculation else NgramSpeculator(config),
+                       max_new_tokens=args.max_new_tokens, chunk_tokens=args.chunk_tokens, sample=args.sample,
+                       temperature=args.temperature, seed=args.seed, streamer_factory=streamer_factory)
 
+
+def _process_share(args, job, texts: list[str], config, processes, stream: bool) -> tuple[list, list]:
+    """This process's share of the documents, each processed and written: (its stats records,
+    the resume states to clear once every process is done)."""
     from tqdm import tqdm
 
-    mine = shard_by_size([len(t) for t in texts], world)[rank]
+    from .documents import JobStats
+
+    mine = shard_by_size([len(t) for t in texts], processes.world)[processes.rank]
     finished = {i: _finished_in_place(args, args.inputs[i], texts[i], config) for i in mine}
     states = [resume for resume in finished.values() if resume is not None]  # cleared at the end too
     mine = [i for i in mine if finished[i] is None]
     chunk_lists = {i: job.chunks(texts[i], _kind(args, args.inputs[i], texts[i])) for i in mine}
     total = sum(len(c) if args.command == "rewrite" else sum(1 for x in c if x.body) for c in chunk_lists.values())
     bar = tqdm(total=total, unit="chunk", file=sys.stderr, disable=args.quiet,
-               desc=f"{args.command}[{rank}]" if world > 1 else args.command)
+               desc=f"{args.command}[{processes.rank}]" if processes.world > 1 else args.command)
     records = []
     try:
         for i in mine:
             job.stats = JobStats()  # per document (sampling seeds too, so a split run equals a whole one)
             states.append(_process(args, job, args.inputs[i], texts[i], config, bar, stream))
-            records.append({"input": args.inputs[i], "process": rank, **job.stats.as_dict()})
+            records.append({"input": args.inputs[i], "process": processes.rank, **job.stats.as_dict()})
     finally:
         bar.close()
+    return records, states
 
-    if processes is not None:
-        from accelerate.utils import gather_object
 
-        processes.wait_for_everyone()
-        records = gather_object(records)  # every process's documents, on every process
-        # Tear the process group down before exit: a gloo group left to the interpreter's
-        # shutdown can abort the process after all work is done.
-        processes.destroy_process_group()
+def run(args) -> int:
+    _check_args(args)
+    texts = [read_input(path) for path in args.inputs]  # every input checked before the model loads
+    config = _speculator_config(args)
+    # Several documents, or a launch over processes: accelerate shares them out. One document
+    # needs no process group (and is the only case that streams to the terminal).
+    many = len(args.inputs) > 1 or args.out_dir is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    processes = start_processes(args.threads, distributed=many)
+    stream = not many and not args.quiet and sys.stdout.isatty() and _output_path(args, args.inputs[0]) is None
+    job = _document_job(args, config, processes.device, stream)
+    records, states = _process_share(args, job, texts, config, processes, stream)
+    records = processes.gather(records)  # every process's documents, on every process
+    processes.close()
     for resume in states:
         resume.clear()
-    if args.stats and rank == 0:
+    if args.stats and processes.is_main:
         if many:
             for record in sorted(records, key=lambda r: args.inputs.index(r["input"])):
                 print(json.dumps(record), file=sys.stderr)

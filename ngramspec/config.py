@@ -1,4 +1,5 @@
-"""Every knob of the speculator, in one frozen dataclass validated at construction."""
+"""Every knob of the speculator, in one frozen dataclass validated at construction, and the
+one parser of ``name=value,...`` settings text that every command line uses."""
 
 from __future__ import annotations
 
@@ -6,17 +7,30 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from .costs import DEFAULT_CPU_CURVE, CostCurve
+
 MATCH_POLICIES = ("recent", "earliest")
 
-# Cost of one forward over q tokens relative to one token: SmolLM2-135M-Instruct, fp32, torch
-# 2.13 with 2 threads on an idle 2-core AVX-512 CPU, 400 tokens of context, median of 15
-# (eval/cost_curve.py measures it for any model and device). Small matrix products (q = 2, 3)
-# are the least efficient on this BLAS, so a 5-token verify is cheaper than a 3-token one.
-# Points from 24 tokens on (median of 9, same setup) cost a batch's rows x positions together.
-CPU_VERIFY_COST = (
-    (1, 1.0), (2, 1.6), (3, 1.85), (4, 1.43), (5, 1.3), (6, 1.41), (8, 1.4), (10, 1.57), (12, 1.53),
-    (16, 1.6), (24, 1.94), (32, 2.22), (48, 2.78), (64, 3.25), (96, 4.06), (128, 5.08),
-)
+# The default verify-cost points (see costs.DEFAULT_CPU_CURVE: a 2-core CPU measurement). The
+# name stays importable: the generate hook warns when this CPU curve sizes drafts off the CPU.
+CPU_VERIFY_COST = DEFAULT_CPU_CURVE.points
+
+
+def parse_settings(text: str) -> dict[str, str]:
+    """``"min_n=1, max_n=4"`` -> ``{"min_n": "1", "max_n": "4"}`` (values still text). A part
+    without ``=`` continues the previous value, so a value may hold commas:
+    ``verify_cost=1:1.0,8:1.5``."""
+    values: dict[str, str] = {}
+    name = None
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" in part:
+            name, value = (s.strip() for s in part.split("=", 1))
+            values[name] = value
+        elif name is not None:
+            values[name] += "," + part
+        else:
+            raise ValueError(f"expected name=value in {text!r}")
+    return values
 
 
 @dataclass(frozen=True)
@@ -115,19 +129,10 @@ class SpeculatorConfig:
             raise ValueError(f"acceptance_prior must be in (0, 1), got {self.acceptance_prior}.")
         if not 0.0 <= self.acceptance_memory <= 1.0:
             raise ValueError(f"acceptance_memory must be in [0, 1], got {self.acceptance_memory}.")
-        try:
-            points = tuple((int(q), float(c)) for q, c in self.verify_cost)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"verify_cost must be ((q, cost), ...) pairs, got {self.verify_cost!r}."
-            ) from None
-        if not points or points[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(points, points[1:])):
-            raise ValueError(
-                "verify_cost must start at q=1 and list strictly increasing q, e.g. ((1, 1.0), (8, 1.5))."
-            )
-        if any(c <= 0 for _, c in points):
-            raise ValueError("verify_cost values must be positive.")
-        object.__setattr__(self, "verify_cost", points)
+        # Validated (same messages) and kept as a curve: forward_cost runs on every decode step.
+        curve = CostCurve(self.verify_cost)
+        object.__setattr__(self, "verify_cost", curve.points)
+        object.__setattr__(self, "_cost_curve", curve)
 
     def verify_costs(self) -> np.ndarray:
         """``costs[q]`` = relative cost of verifying q tokens, for q in 0..max_draft_tokens+1."""
@@ -136,13 +141,12 @@ class SpeculatorConfig:
 
     def forward_cost(self, tokens: int) -> float:
         """Relative cost of one forward over ``tokens`` tokens (all rows of a batch together)."""
-        if tokens <= 0:
-            return 0.0
-        last_q, last_cost = self.verify_cost[-1]
-        if tokens > last_q:  # past the measured range: compute-bound, cost grows with tokens
-            return last_cost * tokens / last_q
-        qs, costs = zip(*self.verify_cost)
-        return float(np.interp(tokens, qs, costs))
+        return self._cost_curve(tokens)
+
+    @property
+    def cost_curve(self) -> CostCurve:
+        """``verify_cost`` as a :class:`~ngramspec.costs.CostCurve`."""
+        return self._cost_curve
 
     @classmethod
     def parse_value(cls, name: str, text: str):
@@ -158,28 +162,17 @@ class SpeculatorConfig:
                 return False
             raise ValueError(f"{name} must be true or false, got {text!r}")
         if isinstance(default, tuple):  # verify_cost: "1:1.0,4:1.4,8:1.5"
-            try:
-                return tuple((int(q), float(c)) for q, c in (pair.split(":") for pair in text.split(",")))
-            except ValueError:
-                raise ValueError(f"{name} must look like '1:1.0,4:1.4,8:1.5', got {text!r}") from None
+            return CostCurve.parse(text).points
         try:
             return type(default)(text)
         except ValueError:
             raise ValueError(f"{name} must be a {type(default).__name__}, got {text!r}") from None
 
     @classmethod
-    def from_overrides(cls, text: str, base: "SpeculatorConfig | None" = None) -> "SpeculatorConfig":
+    def from_overrides(cls, text: str, base: SpeculatorConfig | None = None) -> SpeculatorConfig:
         """``"min_n=1,max_draft_tokens=8"`` -> a config (``base`` or the defaults, overridden).
         Commas inside a verify_cost value are allowed: ``verify_cost=1:1.0,8:1.5``."""
-        values, name = {}, None
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            if "=" in part:
-                name, value = (s.strip() for s in part.split("=", 1))
-                values[name] = value
-            elif name is not None:  # continuation of a comma-separated value
-                values[name] += "," + part
-            else:
-                raise ValueError(f"expected name=value in {text!r}")
+        values = parse_settings(text)
         settings = {n: cls.parse_value(n, v) for n, v in values.items()}
         base = base or cls()
         return cls(**{**{f.name: getattr(base, f.name) for f in fields(cls)}, **settings})

@@ -1,32 +1,51 @@
-"""The speculative greedy decode loop (batch of one), independent of transformers.
+"""The speculative decode loop, independent of transformers: propose, one forward, verify,
+accept and crop the cache, record stats. One prompt is a batch of one.
 
-The loop sees the target model only through two callables (``hf.py`` builds them):
+The loop sees the target model through a :class:`Target` (``hf.py`` implements it).
 
-    forward(ids, start, keep, tree=None)  ids: (1, q) token ids at stream positions
-                                          start..start+q-1, fed on top of the KV cache;
-                                          returns float logits (keep, V) of the last `keep` rows.
-                                          tree: (depth (q,), visible (q, q) bool) for a token
-                                          tree: ids[i] sits at position start + depth[i] and
-                                          attends to the new ids j with visible[i, j]
-    crop(m)                               drop the last m entries of the KV cache
-    keep_path(rows, q)                    of the last q cache entries keep only ``rows``
-                                          (in order): the accepted path of a tree; None
-                                          when the model's cache cannot (then no trees)
+Cache layout. Rows share one cache of C columns, but each accepts its own number of draft
+tokens per step. So a row's rejected draft tokens stay in the cache as *holes*, masked out
+in ``mask`` (A, C), and positions are given explicitly (a row's next position is the number
+of real tokens it has), so holes never shift a position: each row computes exactly what it
+would compute alone. The columns no row kept are cropped; a batch of one therefore never
+has holes (and needs a mask only for left padding). When holes and padding make up most of
+the cache, ``gather`` compacts every row to its valid columns. Rows that finish leave the
+batch (their cache rows are dropped), so the rest do not pay for them.
 
-Invariant between steps: the cache holds every token of ``seq`` except the last one, which
-is fed (with the draft behind it) by the next forward. So a step over [last, d1..dk] that
-keeps e new tokens leaves ``k + 1 - e`` cache entries to crop.
+Invariant between steps, per row: the cache holds every token of the row except the last
+one, which the next forward feeds (with the row's draft behind it).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Protocol
 
 import torch
 
+from . import verify
 from .metrics import DecodeStats
+from .speculator import batch_draft_length
+
+
+class Target(Protocol):
+    """The target model and its KV cache, as the loop uses them."""
+
+    can_gather: bool  # False for caches that can only be cropped (static, sliding window)
+
+    def forward(self, ids, positions, mask, keep: int, visible=None) -> torch.Tensor:
+        """ids, positions: (A, q) new tokens on top of the cache; mask: (A, C + q) over the
+        cache columns then the new ones (None: every column is a real token); visible: (q, q)
+        bool for a token tree, True where block row i may attend to row j (None: causal).
+        Returns float logits (A, keep, V) of the last ``keep`` block rows."""
+
+    def crop(self, m: int) -> None:
+        """Drop the last m cache columns of every row."""
+
+    def gather(self, rows, columns) -> None:
+        """Keep cache rows ``rows`` (A',) and/or, per row, the columns ``columns`` (A, C')."""
 
 
 @dataclass(frozen=True)
@@ -54,11 +73,29 @@ class StopRule:
 
 
 @dataclass
+class Options:
+    """How to decode: what ``generate()`` asked for, in the loop's terms."""
+
+    stop: StopRule
+    pad_token_id: int = 0
+    sample: bool = False
+    keep_scores: bool = False
+    keep_logits: bool = False
+    trees: bool = False  # a batch of one may verify token trees (the target can gather)
+    # Relative cost of one forward over n tokens, for the shared draft length of a batch
+    # (None: each row drafts all it proposes).
+    forward_cost: Callable[[int], float] | None = None
+    # Per row, processors(prefix (1, n), logits (1, V)) -> scores (1, V), or None.
+    process: list | None = None
+    streamer: object = None
+
+
+@dataclass
 class DecodeResult:
-    sequence: torch.Tensor  # (1, prompt + new) token ids
-    stats: DecodeStats
-    scores: list = field(default_factory=list)  # processed scores (1, V) per new token, if kept
-    logits: list = field(default_factory=list)  # raw logits (1, V) per new token, if kept
+    sequences: torch.Tensor  # (B, P + longest new): the prompts, then new tokens, pad-filled
+    stats: list[DecodeStats]  # one per row
+    scores: list = field(default_factory=list)  # (B, V) per new-token index, if kept
+    logits: list = field(default_factory=list)  # (B, V) per new-token index, if kept
 
 
 def to_device(values, device: torch.device, dtype=torch.long) -> torch.Tensor:
@@ -72,34 +109,17 @@ def to_device(values, device: torch.device, dtype=torch.long) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
-def agreement(draft: list[int], choices: list[int]) -> int:
-    """Draft tokens a step keeps: the length of the prefix of ``draft`` equal to the target's
-    ``choices`` (which hold one more entry: the choice after the last draft token)."""
-    n = 0
-    while n < len(draft) and draft[n] == choices[n]:
-        n += 1
-    return n
-
-
-def reads_all_positions_at_once(logits: torch.Tensor) -> bool:
-    """How a step with processors or sampling decides its draft positions. On an accelerator:
-    every position processed (assuming the drafts before it accepted) and all choices read in
-    one host-device sync. On CPU there is no sync to save, while processors and sampling cost
-    per position (top-p sorts the vocabulary; multinomial is slow), so positions are decided
-    one by one and the work stops at the first rejection."""
-    return logits.device.type != "cpu"
-
-
 class TokenBuffer:
     """Growable (B, capacity) token buffer on the model's device: row b holds prompt[b] and
     then that row's new tokens; ``data[b, :n]`` is the row's prefix of length n."""
 
-    def __init__(self, prompt: torch.Tensor, reserve: int):
+    def __init__(self, prompt: torch.Tensor, max_length: int):
         batch, prompt_len = prompt.shape
+        reserve = min(max(max_length - prompt_len, 1), 4096) + 64  # grows on demand past this
         self.data = torch.empty((batch, prompt_len + reserve), dtype=torch.long, device=prompt.device)
         self.data[:, :prompt_len] = prompt
 
-    def write(self, start: int, tokens, row: int = 0) -> None:
+    def write(self, row: int, start: int, tokens) -> None:
         end = start + len(tokens)
         if end > self.data.shape[1]:
             grown = torch.empty((self.data.shape[0], 2 * end), dtype=torch.long, device=self.data.device)
@@ -108,175 +128,250 @@ class TokenBuffer:
         self.data[row, start:end] = to_device(tokens, self.data.device)
 
 
-def tree_layout(parents) -> tuple:
-    """Block layout of [last, *tree]: depth (q,) (0 for the last token) and visible (q, q),
-    True where block entry i may attend to entry j (j is i or one of its ancestors).
-    parents[i]: the draft token that draft token i follows, -1 for the last token."""
-    q = len(parents) + 1
-    depth = [0] * q
-    visible = [[False] * q for _ in range(q)]
-    visible[0][0] = True
-    for i, parent in enumerate(parents):
-        row, up = i + 1, int(parent) + 1
-        depth[row] = depth[up] + 1
-        visible[row] = list(visible[up])
-        visible[row][row] = True
-    return depth, visible
+class _Rows:
+    """Host-side state of the batch: per row (b) its tokens, stats and kept scores; per cache
+    row (a) which batch row it holds and how many of its columns are real tokens."""
+
+    def __init__(self, prompt, prompt_mask, sessions, options: Options):
+        batch, self.prompt_len = prompt.shape
+        self.seq = TokenBuffer(prompt, options.stop.max_length)
+        self.sessions = sessions
+        self.new: list[list[int]] = [[] for _ in range(batch)]
+        self.stats = [DecodeStats(prompt_tokens=int(prompt_mask[b].sum()) if prompt_mask is not None else
+                                  self.prompt_len) for b in range(batch)]
+        self.scores: list[list] = [[] for _ in range(batch)]
+        self.logits: list[list] = [[] for _ in range(batch)]
+        self.active = list(range(batch))  # cache row a holds batch row active[a]
+        self.verified: list[int | None] = [None] * batch  # draft tokens verified, when cut short
+        self.proposals: list = []  # the latest Draft of each active row
+        self.cut = 0  # tokens emitted past a stop in the latest take()
+
+    def length(self, b: int) -> int:
+        return self.prompt_len + len(self.new[b])
+
+    def take(self, a: int, verdict: verify.Verdict, options: Options) -> bool:
+        """Record what row active[a] emitted: write it, check stops, tell the drafter and the
+        streamer. Returns False when the row stopped (the unkept tokens are dropped)."""
+        b, start = self.active[a], self.length(self.active[a])
+        self.seq.write(b, start, verdict.tokens)
+        kept, self.stats[b].stop_reason = options.stop.first_stop(self.seq.data[b : b + 1], start, verdict.tokens)
+        if options.streamer is not None:
+            options.streamer.put(torch.tensor(verdict.tokens[:kept]))
+        t0 = time.perf_counter()
+        self.sessions[b].extend(verdict.tokens[:kept], verified=self.verified[b])
+        self.stats[b].drafter_seconds += time.perf_counter() - t0
+        self.new[b].extend(verdict.tokens[:kept])
+        self.scores[b].extend(verdict.scores[:kept])
+        self.logits[b].extend(verdict.logits[:kept])
+        self.cut = len(verdict.tokens) - kept  # tokens past a stop (a batch of one crops them)
+        return not self.stats[b].stop_reason
 
 
-def _children(draft: list[int], parents) -> dict:
-    """(block row of parent - 1, token) -> draft index: -1 is the last token."""
-    if parents is None:
-        return {(i - 1, token): i for i, token in enumerate(draft)}
-    return {(int(parent), token): i for i, (parent, token) in enumerate(zip(parents, draft))}
-
-
-def speculative_greedy(
-    prompt: torch.Tensor,
-    session,
-    forward: Callable[[torch.Tensor, int, int], torch.Tensor],
-    crop: Callable[[int], None],
-    stop: StopRule,
-    process: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    streamer=None,
-    keep_scores: bool = False,
-    keep_logits: bool = False,
-    sample: bool = False,
-    keep_path: Callable[[list[int], int], None] | None = None,
-) -> DecodeResult:
-    """Decoding of ``prompt`` (1, P) with drafts from ``session``: greedy decoding returns
-    exactly the tokens plain greedy decoding would produce; ``sample=True`` draws every token
-    from exactly the distribution plain sampling would use.
-
-    ``process(prefix, logits_row) -> scores`` applies logits processors (and, when sampling,
-    warpers) with the prefix that ends right before the position, as plain decoding does: once
-    per emitted token, or, on an accelerator, once per verified position (one sync per step).
-
-    Sampling verifies by sample-and-compare: at draft position j, draw x ~ p_j; emit x; keep
-    going only if x equals the drafted token. Each emitted token is then a draw from the
-    target's distribution given the emitted prefix, so the output distribution is exactly that
-    of plain sampling; a lookup draft (a point mass on d) is accepted with probability p_j(d),
-    and on rejection x follows p_j with d removed and renormalised — standard speculative
-    sampling for a deterministic drafter.
+def speculative_decode(prompt, prompt_mask, prompt_positions, sessions: list, target: Target,
+                       options: Options) -> DecodeResult:
+    """Decode the left-padded batch ``prompt`` (B, P) (``prompt_mask`` (B, P), None when there
+    is no padding; ``prompt_positions`` (B, P)), row b drafting from ``sessions[b]``. Greedy:
+    each row gets exactly the tokens plain decoding of the batch gives it. Sampling: each row's
+    tokens are a draw from exactly plain sampling's distribution (see :mod:`ngramspec.verify`).
     """
     wall_start = time.perf_counter()
-    prompt_len = prompt.shape[1]
-    stats = DecodeStats(prompt_tokens=prompt_len)
-    result = DecodeResult(prompt, stats)
-    seq = TokenBuffer(prompt, reserve=min(max(stop.max_length - prompt_len, 1), 4096) + 64)
-    if streamer is not None:
-        streamer.put(prompt.cpu())
+    batch = prompt.shape[0]
+    rows = _Rows(prompt, prompt_mask, sessions, options)
+    cache = _CacheLayout(prompt_mask, prompt_positions, [s.prompt_tokens for s in rows.stats])
+    keep = options.keep_scores or options.keep_logits
+    if options.streamer is not None:
+        options.streamer.put(prompt.cpu())
 
-    def scores_of(prefix_len: int, logits_rows: torch.Tensor) -> torch.Tensor:
-        # logits_rows: (1, V) float32 after seq[:, :prefix_len] -> processed scores (1, V).
-        return logits_rows if process is None else process(seq.data[:, :prefix_len], logits_rows)
+    # Prefill: one forward over the padded prompts gives each row's first new token.
+    logits = target.forward(prompt, prompt_positions, prompt_mask, 1)  # (B, 1, V)
+    verdicts = verify.verify_step([[]] * batch, None, logits, _scorer(rows, options), options.sample, keep)
+    for s in rows.stats:
+        s.record_prefill()
 
-    def keep(scores: torch.Tensor, logits_row: torch.Tensor) -> None:
-        # Record what is asked: scores and logits (1, V) of every emitted token, in order.
-        if keep_scores:
-            result.scores.append(scores)
-        if keep_logits:
-            result.logits.append(logits_row)
-
-    def choose(prefix_len: int, logits_row: torch.Tensor) -> int:
-        # One position's choice: the prefill, and walks position by position (trees; chains
-        # with processors or sampling on CPU, see reads_all_positions_at_once).
-        scores = scores_of(prefix_len, logits_row)
-        keep(scores, logits_row)
-        return pick(scores)[0]
-
-    def pick(scores: torch.Tensor) -> list[int]:
-        # scores: (q, V) -> the greedy or sampled token of every row, in one host-device sync.
-        if sample:
-            return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0].tolist()
-        return scores.argmax(-1).tolist()
-
-    # Prefill: one forward over the prompt gives the first new token.
-    first = choose(prompt_len, forward(prompt, 0, 1)[-1:])
-    stats.record_prefill()
-    emitted = [first]
-    cur_len = prompt_len  # tokens in seq before `emitted`
     while True:
-        seq.write(cur_len, emitted)
-        kept, stats.stop_reason = stop.first_stop(seq.data, cur_len, emitted)
-        if streamer is not None:
-            streamer.put(torch.tensor(emitted[:kept]))
-        t0 = time.perf_counter()
-        session.extend(emitted[:kept])
-        stats.drafter_seconds += time.perf_counter() - t0
-        cur_len += kept
-        if stats.stop_reason:
-            # A stop inside the emitted tokens: drop cache entries of tokens that were cut,
-            # so a returned cache again holds every token but the last.
-            if kept < len(emitted):
-                crop(len(emitted) - kept)
+        still = [a for a in range(len(rows.active)) if rows.take(a, verdicts[a], options)]
+        if not still:
+            if batch == 1 and rows.cut:  # the returned cache again holds every token but the last
+                target.crop(rows.cut)
             break
+        if len(still) < len(rows.active):  # finished rows leave the batch
+            cache.keep_rows(still, target)
+            rows.active = [rows.active[a] for a in still]
 
-        # 1. Propose: at most budget - 1 draft tokens, since the step also emits the target's own.
-        t0 = time.perf_counter()
-        proposal = session.propose(max_tokens=stop.max_length - cur_len - 1, tree=keep_path is not None)
-        stats.drafter_seconds += time.perf_counter() - t0
-        draft, parents = proposal.tokens.tolist(), proposal.parents
-        k = len(draft)
+        # 1. Propose: every row drafts from its own text (a chain, or a tree for one row).
+        drafts, parents = _propose(rows, options)
 
-        # 2. One forward over [last, *draft] (1, k+1) -> logits (k+1, V); a tree draft goes
-        # with its layout (positions by depth, each token seeing only its ancestors).
-        if parents is None:
-            seq.write(cur_len, draft)
-            logits = forward(seq.data[:, cur_len - 1 : cur_len + k], cur_len - 1, k + 1)
+        # 2. One forward over [last, *draft] per row: ids (A, q); filler after short drafts is
+        # masked out. A tree's tokens sit at position last + depth and see only their ancestors.
+        ids, positions, mask, visible = cache.block([rows.new[b][-1] for b in rows.active], drafts, parents)
+        logits = target.forward(ids, positions, mask, ids.shape[1], visible)  # (A, q, V)
+
+        # 3. Verify: each row keeps the draft tokens the target itself would have produced.
+        verdicts = verify.verify_step(drafts, parents, logits, _scorer(rows, options), options.sample, keep)
+
+        # 4. Accept: each row keeps [last, kept draft tokens] of the block; the other columns
+        # become holes (masked), and those past the longest kept run are cropped for all rows.
+        cache.accept(verdicts, ids.shape[1], tree=parents is not None, target=target, compact=batch > 1)
+
+        # 5. Record stats (the emitted tokens are written and checked at the loop's top).
+        for a, b in enumerate(rows.active):
+            declined = not drafts[a] and rows.proposals[a].source_start >= 0
+            rows.stats[b].record_step(len(drafts[a]), len(verdicts[a].path), declined=declined)
+
+    if options.streamer is not None:
+        options.streamer.end()
+    return _result(rows, options, time.perf_counter() - wall_start)
+
+
+class _CacheLayout:
+    """Host-side bookkeeping of the shared cache (see the module docstring): its number of
+    columns C, per cache row the position of its last emitted token and its number of real
+    columns, and the (A, C) mask of real columns on the device, None while every column is real
+    (a batch of one without padding never needs one)."""
+
+    def __init__(self, prompt_mask, prompt_positions, real_tokens: list[int]):
+        self.device = prompt_positions.device
+        self.mask = prompt_mask.long() if prompt_mask is not None else None
+        self.columns = prompt_positions.shape[1]
+        self.next_position = (prompt_positions[:, -1] + 1).tolist()  # one sync, before the prefill
+        self.valid = list(real_tokens)
+
+    def keep_rows(self, still: list[int], target: Target) -> None:
+        rows = to_device(still, self.device)
+        target.gather(rows, None)
+        self.mask = self.mask[rows] if self.mask is not None else None
+        self.next_position = [self.next_position[a] for a in still]
+        self.valid = [self.valid[a] for a in still]
+
+    def block(self, last: list[int], drafts: list[list[int]], parents):
+        """Device inputs of one step: ids and positions (A, q), the mask (A, C + q) or None,
+        and a tree's visibility (q, q) or None."""
+        q = 1 + max(len(d) for d in drafts)
+        ids = [[t] + d + [0] * (q - 1 - len(d)) for t, d in zip(last, drafts)]
+        depth, visible = (list(range(q)), None) if parents is None else verify.tree_layout(parents[0])
+        positions = [[p + d for d in depth] for p in self.next_position]
+        short = [len(d) + 1 for d in drafts if len(d) + 1 < q]
+        if short and self.mask is None:  # the first masked columns: the mask so far is all ones
+            self.mask = torch.ones((len(drafts), self.columns), dtype=torch.long, device=self.device)
+        mask = None
+        if self.mask is not None:
+            step = to_device([[1] * (len(d) + 1) + [0] * (q - 1 - len(d)) for d in drafts], self.device)
+            mask = torch.cat([self.mask, step], 1)
+        return to_device(ids, self.device), to_device(positions, self.device), mask, visible
+
+    def accept(self, verdicts: list[verify.Verdict], q: int, tree: bool, target: Target, compact: bool) -> None:
+        """Keep each row's [last, kept draft tokens] of the block (A, q) just verified."""
+        kept = [len(v.path) for v in verdicts]
+        width = max(kept) + 1  # block columns that stay: the rest is cropped for every row
+        if tree and not verdicts[0].is_prefix:  # a tree branch: select its columns (one row)
+            rows = verify.block_rows(verdicts[0].path)
+            target.gather(None, to_device([list(range(self.columns)) + [self.columns + r for r in rows]], self.device))
         else:
-            ids = to_device([[emitted[-1]] + draft], seq.data.device)  # emitted[-1]: the last token
-            logits = forward(ids, cur_len - 1, k + 1, tree_layout(parents))
+            target.crop(q - width)
+        if self.mask is None and len(set(kept)) > 1:  # the first holes
+            self.mask = torch.ones((len(kept), self.columns), dtype=torch.long, device=self.device)
+        if self.mask is not None:
+            step = (torch.arange(width, device=self.device) <= to_device(kept, self.device)[:, None]).long()
+            self.mask = torch.cat([self.mask, step], 1)
+        self.columns += width
+        self.next_position = [p + n + 1 for p, n in zip(self.next_position, kept)]
+        self.valid = [v + n + 1 for v, n in zip(self.valid, kept)]
+        if compact and self.mask is not None:
+            self.mask = _maybe_compact(self.mask, self.valid, target.gather)
+            self.columns = self.mask.shape[1]
 
-        # 3. Verify: keep draft tokens while they equal the target's greedy (or sampled) choice.
-        plain = process is None and not sample  # the choice is the argmax of the raw logits
-        if parents is None and (plain or reads_all_positions_at_once(logits)):
-            # Position j's choice only matters if d1..dj were all accepted, so its prefix is
-            # seq + d1..dj: process every position on that assumption, pick all rows in one sync.
-            if process is None:
-                scores = logits  # (k+1, V)
-            else:
-                scores = torch.cat([scores_of(cur_len + j, logits[j : j + 1]) for j in range(k + 1)])
-            targets = pick(scores)  # the step's one host-device sync
-            accepted = agreement(draft, targets)
-            emitted, path = draft[:accepted] + [targets[accepted]], None
-            if keep_scores or keep_logits:
-                for j in range(accepted + 1):
-                    keep(scores[j : j + 1], logits[j : j + 1])
-        else:  # walk the chain or tree position by position (a tree node's prefix is its branch)
-            children = _children(draft, parents)
-            targets = pick(logits) if plain else None  # no prefix needed: every row's argmax at once
-            emitted, path, row = [], [], 0  # row 0: the last token; draft token i is row i + 1
-            while True:
-                if plain:
-                    target = targets[row]
-                    keep(logits[row : row + 1], logits[row : row + 1])
-                else:
-                    target = choose(cur_len + len(emitted), logits[row : row + 1])
-                emitted.append(target)
-                node = children.get((row - 1, target))
-                if node is None:
-                    break
-                path.append(node)
-                row = node + 1
-                if parents is not None:  # a chain's tokens are in seq already
-                    seq.write(cur_len + len(emitted) - 1, [target])
-            accepted = len(path)
-            if path == list(range(accepted)):
-                path = None  # a prefix of the block: a crop suffices
 
-        # 4. Accept: the cache holds [.., last, d1..dk]; keep last + the accepted tokens.
-        if path is None:
-            crop(k - accepted)
-        else:
-            keep_path([0] + [node + 1 for node in path], k + 1)
-        # 5. Record stats; the new tokens are written, checked for stops and streamed above.
-        stats.record_step(k, accepted, declined=k == 0 and proposal.source_start >= 0)
+def _propose(rows: _Rows, options: Options) -> tuple[list[list[int]], list | None]:
+    """Each active row's draft, and the tree parents (None: chains). A row alone sizes its own
+    draft; a batch pays for its longest draft in every row, so one length is chosen for all
+    (:func:`~ngramspec.speculator.batch_draft_length`) and drafts are cut to it."""
+    t0 = time.perf_counter()
+    budgets = [options.stop.max_length - rows.length(b) - 1 for b in rows.active]  # room left, less the target's
+    if len(rows.active) == 1:
+        proposal = rows.sessions[rows.active[0]].propose(max_tokens=budgets[0], tree=options.trees)
+        rows.proposals = [proposal]
+        drafts = [proposal.tokens.tolist()]
+        parents = None if proposal.parents is None else [proposal.parents.tolist()]
+    else:
+        rows.proposals = [rows.sessions[b].propose(max_tokens=n, sized=False, tree=False)
+                          for b, n in zip(rows.active, budgets)]
+        width = batch_draft_length(rows.proposals, options.forward_cost)
+        drafts = [p.tokens[:width].tolist() for p in rows.proposals]
+        parents = None
+    spent = (time.perf_counter() - t0) / len(rows.active)
+    for a, b in enumerate(rows.active):
+        rows.stats[b].drafter_seconds += spent
+        rows.verified[b] = len(drafts[a]) if len(drafts[a]) < len(rows.proposals[a]) else None
+        if parents is None and options.process is not None:  # processors read drafts as prefix
+            rows.seq.write(b, rows.length(b), drafts[a])
+    return drafts, parents
 
-    if streamer is not None:
-        streamer.end()
-    result.sequence = seq.data[:, :cur_len].clone()
-    stats.new_tokens = cur_len - prompt_len
-    del result.scores[stats.new_tokens :], result.logits[stats.new_tokens :]
-    stats.wall_seconds = time.perf_counter() - wall_start
+
+def _scorer(rows: _Rows, options: Options) -> verify.Score | None:
+    """Row a's processors applied with its prefix followed by the tokens the step emitted so
+    far, as plain decoding presents it; None when no row has processors."""
+    if options.process is None or not any(options.process):
+        return None
+
+    def score(a: int, emitted: list[int], logits_row: torch.Tensor) -> torch.Tensor:
+        b = rows.active[a]
+        start = rows.length(b)
+        if emitted and options.trees:  # a tree's branch tokens are not in the buffer yet
+            rows.seq.write(b, start, emitted)
+        processor = options.process[b]
+        if processor is None:
+            return logits_row
+        return processor(rows.seq.data[b : b + 1, : start + len(emitted)], logits_row)
+
+    return score
+
+
+def _maybe_compact(mask: torch.Tensor, valid: list[int], gather) -> torch.Tensor:
+    """When masked columns (left padding, rejected drafts) make up over a third of the cache,
+    move each row's valid columns to the right end (left-padded again) and drop the rest.
+    mask: (A, C) -> (A, C') with C' the most valid columns of any row; ``valid`` (A,): each
+    row's valid columns, counted on the host so that deciding costs no device sync."""
+    width = max(valid)
+    if mask.shape[1] - width < max(32, mask.shape[1] // 3):
+        return mask
+    valid = to_device(valid, mask.device)  # (A,)
+    # Per row: indices of valid columns, in order, right-aligned into `width` slots; the left
+    # slots repeat column 0 and stay masked.
+    order = torch.sort(mask * torch.arange(1, mask.shape[1] + 1, device=mask.device), dim=1, stable=True)
+    columns = order.indices[:, -width:]  # (A, width): valid columns last, in increasing order
+    new_mask = (torch.arange(width, device=mask.device) >= (width - valid)[:, None]).to(mask.dtype)
+    columns = torch.where(new_mask.bool(), columns, torch.zeros_like(columns))
+    gather(None, columns)
+    return new_mask
+
+
+def _result(rows: _Rows, options: Options, wall_seconds: float) -> DecodeResult:
+    """Rows end at different lengths; the rest is padding, as plain generate() pads rows that
+    finished early."""
+    batch, prompt_len = len(rows.new), rows.prompt_len
+    longest = max(len(t) for t in rows.new)
+    sequences = torch.full((batch, prompt_len + longest), options.pad_token_id, dtype=torch.long,
+                           device=rows.seq.data.device)
+    sequences[:, :prompt_len] = rows.seq.data[:, :prompt_len]
+    for b in range(batch):
+        sequences[b, prompt_len : rows.length(b)] = rows.seq.data[b, prompt_len : rows.length(b)]
+        rows.stats[b].new_tokens = len(rows.new[b])
+        rows.stats[b].wall_seconds = wall_seconds
+    result = DecodeResult(sequences, rows.stats)
+    if options.keep_scores:
+        result.scores = stack_per_index(rows.scores, rows.new, longest, options.pad_token_id)
+    if options.keep_logits:
+        result.logits = stack_per_index(rows.logits, rows.new, longest, options.pad_token_id)
     return result
+
+
+def stack_per_index(per_row: list, new_tokens: list, longest: int, pad_token_id: int) -> list:
+    """Per-row lists of (V,) scores -> one (B, V) tensor per new-token index. Rows that had
+    finished get a point mass on the pad token they are filled with (0 there, -inf elsewhere)."""
+    template = next(r[0] for r in per_row if r)
+    finished = torch.full_like(template, float("-inf"))
+    finished[pad_token_id] = 0.0
+    return [
+        torch.stack([row[i] if i < len(tokens) else finished for row, tokens in zip(per_row, new_tokens)])
+        for i in range(longest)
+    ]

@@ -14,15 +14,19 @@ summarizes each chunk and then, when there were several, the chunk summaries tog
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from .chunking import Chunk, join_chunks, split_document
 from .metrics import DecodeStats
 
+# Defaults of a DocumentJob, which the CLI's options read from here.
 SUMMARIZE_INSTRUCTION = "Summarize the following text in a few sentences."
+CHUNK_TOKENS = 768  # largest chunk, in tokens (DocumentJob lowers it further for a short context)
+MIN_CHUNK_TOKENS = 32  # smallest allowed: a chunk of a sentence or two gives the model too little context
+SUMMARY_TOKENS = 256  # new tokens per chunk summary when max_new_tokens is not given
 CONTEXT_CHARS = 300  # how much of the previous rewritten chunk is shown as context
 
 
@@ -48,7 +52,8 @@ class JobStats:
         self.accepted_tokens += stats.accepted_tokens
         steps = stats.verified_per_step or [0] * (stats.target_forwards - 1)
         self.verify_cost += 1.0 + sum(cost(k + 1) if cost else 1.0 for k in steps)
-        self.per_chunk.append({"new_tokens": stats.new_tokens, "mat": round(stats.mat, 3), "seconds": round(seconds, 3)})
+        self.per_chunk.append({"new_tokens": stats.new_tokens, "mat": round(stats.mat, 3),
+                               "seconds": round(seconds, 3)})
 
     @property
     def mat(self) -> float:
@@ -72,14 +77,14 @@ class DocumentJob:
     """Generation settings shared by every chunk of a document."""
 
     def __init__(self, model, tokenizer, speculator=None, max_new_tokens: int | None = None,
-                 chunk_tokens: int = 768, sample: bool = False, temperature: float = 1.0,
+                 chunk_tokens: int = CHUNK_TOKENS, sample: bool = False, temperature: float = 1.0,
                  seed: int | None = None, streamer_factory: Callable | None = None):
         self.model, self.tokenizer, self.speculator = model, tokenizer, speculator
         self.max_new_tokens, self.sample, self.temperature, self.seed = max_new_tokens, sample, temperature, seed
         self.streamer_factory = streamer_factory
         limit = getattr(model.config, "max_position_embeddings", None) or 8192
         # A chunk, its prompt and its output must fit the context: cap chunks accordingly.
-        self.chunk_tokens = max(32, min(chunk_tokens, (limit - 256) // 3))
+        self.chunk_tokens = max(MIN_CHUNK_TOKENS, min(chunk_tokens, (limit - 256) // 3))
         self.context_limit = limit
         self.stats = JobStats()
 
@@ -159,7 +164,7 @@ class DocumentJob:
                   done: dict | None = None, on_chunk: Callable[[int, Chunk, str], None] | None = None) -> str:
         """Summary of each chunk, then (several chunks) a summary of those summaries."""
         chunks = [c for c in self.chunks(document, kind) if c.body]
-        budget = self.max_new_tokens or 256
+        budget = self.max_new_tokens or SUMMARY_TOKENS
         summaries = []
         for i, chunk in enumerate(chunks):
             if done is not None and i in done:

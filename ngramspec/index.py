@@ -1,4 +1,4 @@
-"""Incremental n-gram index over a growing token stream (Numba kernels + pure-Python twin).
+"""Incremental n-gram index over a growing token stream (Numba kernels).
 
 The index answers one question per decode step: *the text ends in some n-gram; where did that
 n-gram occur before, and what followed it?* It keeps an open-addressing hash table that maps
@@ -19,7 +19,9 @@ Worked example, min_n=1, max_n=3, tokens ``[5 6 7 5 6]`` (positions 0..4)::
     result: match_len=2, start=2 (the latest and the earliest occurrence agree here)
 
 Kernels are pure functions over int32/int64 arrays, compiled with ``cache=True`` so a new
-process loads them from disk instead of re-running the JIT.
+process loads them from disk instead of re-running the JIT. Their slow, obviously-correct
+reference (a dict of tuples) is ``tests/reference_index.py``; a Hypothesis test
+(``tests/test_index.py``) pins every kernel, through :class:`NgramIndex`, to it.
 """
 
 from __future__ import annotations
@@ -259,53 +261,6 @@ class NgramIndex:
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(4, int(n - 1).bit_length())
-
-
-class ReferenceNgramIndex:
-    """Slow, obviously-correct twin of :class:`NgramIndex` (a dict of tuples), for tests."""
-
-    def __init__(self, min_n: int, max_n: int, prefer_recent: bool = True):
-        self.min_n, self.max_n, self.prefer_recent = min_n, max_n, prefer_recent
-        self.tokens: list[int] = []
-        self.occurrences: dict[tuple[int, ...], list[int]] = {}  # n-gram -> [first_end, last_end]
-
-    def append(self, new_tokens) -> None:
-        for token in new_tokens:
-            self.tokens.append(int(token))
-            end = len(self.tokens) - 2
-            for n in range(self.min_n, self.max_n + 1):
-                if end - n + 1 < 0:
-                    break
-                key = tuple(self.tokens[end - n + 1 : end + 1])
-                if key in self.occurrences:
-                    self.occurrences[key][1] = end
-                else:
-                    self.occurrences[key] = [end, end]
-
-    def longest_match(self) -> tuple[int, int]:
-        for n in range(min(self.max_n, len(self.tokens)), self.min_n - 1, -1):
-            key = tuple(self.tokens[len(self.tokens) - n :])
-            if key in self.occurrences:
-                first, last = self.occurrences[key]
-                return n, (last if self.prefer_recent else first) + 1
-        return 0, -1
-
-    def find(self, key) -> tuple[int, int]:
-        key = [int(t) for t in key]
-        for n in range(min(self.max_n, len(key)), self.min_n - 1, -1):
-            if tuple(key[len(key) - n :]) in self.occurrences:
-                first, last = self.occurrences[tuple(key[len(key) - n :])]
-                return n, (last if self.prefer_recent else first) + 1
-        return 0, -1
-
-    def matches(self) -> np.ndarray:
-        rows = []
-        for n in range(min(self.max_n, len(self.tokens)), self.min_n - 1, -1):
-            key = tuple(self.tokens[len(self.tokens) - n :])
-            if key in self.occurrences:
-                first, last = self.occurrences[key]
-                rows.append((n, first + 1, last + 1))
-        return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
 
 def warm_up() -> None:

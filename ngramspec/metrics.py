@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -75,27 +76,41 @@ class DecodeStats:
     def drafter_us_per_step(self) -> float:
         return 1e6 * self.drafter_seconds / self.target_forwards if self.target_forwards else 0.0
 
+    @classmethod
+    def combine(cls, rows: list[DecodeStats]) -> DecodeStats:
+        """One call's totals over its rows: counters summed (so ``mat`` is tokens per row
+        forward, 1.0 for plain decoding), per-position counts added, per-step lists joined,
+        the wall time of the call; ``stop_reason`` is the rows' common reason, or "mixed"."""
+        total = cls()
+        for row in rows:
+            for name in ("prompt_tokens", "new_tokens", "target_forwards", "steps_with_draft", "declined_steps",
+                         "drafted_tokens", "accepted_tokens", "drafter_seconds"):
+                setattr(total, name, getattr(total, name) + getattr(row, name))
+            for name in ("drafted_at", "accepted_at"):
+                mine, theirs = getattr(total, name), getattr(row, name)
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for j, count in enumerate(theirs):
+                    mine[j] += count
+            total.accepted_per_step += row.accepted_per_step
+            total.verified_per_step += row.verified_per_step
+        total.wall_seconds = max((row.wall_seconds for row in rows), default=0.0)
+        reasons = {row.stop_reason for row in rows}
+        total.stop_reason = reasons.pop() if len(reasons) == 1 else "mixed"
+        return total
+
     def as_dict(self) -> dict:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "new_tokens": self.new_tokens,
-            "target_forwards": self.target_forwards,
-            "steps_with_draft": self.steps_with_draft,
-            "declined_steps": self.declined_steps,
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "mat": round(self.mat, 4),
-            "acceptance_rate": round(self.acceptance_rate, 4),
-            "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position],
-            "drafted_at": list(self.drafted_at),
-            "accepted_at": list(self.accepted_at),
-            "accepted_per_step": list(self.accepted_per_step),
-            "drafter_us_per_step": round(self.drafter_us_per_step, 2),
-            "drafter_seconds": self.drafter_seconds,
-            "wall_seconds": round(self.wall_seconds, 4),
-            "tokens_per_second": round(self.tokens_per_second, 2),
-            "stop_reason": self.stop_reason,
-        }
+        """Every counter (``dataclasses.asdict``, so a new field is never left out) plus the
+        derived rates, rounded as stored JSON and the harness reports have always had them."""
+        record = dataclasses.asdict(self)
+        record["wall_seconds"] = round(self.wall_seconds, 4)
+        record.update(
+            mat=round(self.mat, 4),
+            acceptance_rate=round(self.acceptance_rate, 4),
+            acceptance_by_position=[round(x, 4) for x in self.acceptance_by_position],
+            drafter_us_per_step=round(self.drafter_us_per_step, 2),
+            tokens_per_second=round(self.tokens_per_second, 2),
+        )
+        return record
 
     def __str__(self) -> str:
         return (

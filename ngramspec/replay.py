@@ -15,22 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .costs import STEEP_CPU_CURVE, CostCurve
 from .metrics import DecodeStats
+from .verify import accepted_length
 
-# Relative cost of one forward over q tokens vs one token: default model, torch 2 threads,
-# idle 2-core CPU, 400-1500 tokens of context (GUIDE.md section 4); linear in between.
-CPU_COST_POINTS = ((1, 1.0), (2, 1.1), (3, 1.17), (4, 1.6), (8, 1.94), (11, 2.3), (16, 2.45), (32, 2.9))
-
-
-@dataclass(frozen=True)
-class ForwardCost:
-    """Piecewise-linear cost of verifying q tokens, relative to a one-token forward."""
-
-    points: tuple = CPU_COST_POINTS
-
-    def __call__(self, q: int) -> float:
-        qs, costs = zip(*self.points)
-        return float(np.interp(q, qs, costs))
+# Replay's cost curve is the library's one (a CostCurve). ForwardCost is its former name, kept
+# for callers; with no curve given, replay scores on the steep CPU curve.
+ForwardCost = CostCurve
 
 
 @dataclass
@@ -44,9 +35,10 @@ class ReplayResult:
         return self.stats.new_tokens / self.cost if self.cost else 0.0
 
 
-def replay(session, output_ids, cost: ForwardCost | None = None) -> ReplayResult:
-    """Drive ``session`` (from ``speculator.start(prompt_ids)``) over ``output_ids``."""
-    cost = cost or ForwardCost()
+def replay(session, output_ids, cost: CostCurve | None = None) -> ReplayResult:
+    """Drive ``session`` (from ``speculator.start(prompt_ids)``) over ``output_ids``; ``cost``
+    prices each verify forward (default: :data:`~ngramspec.costs.STEEP_CPU_CURVE`)."""
+    cost = cost or STEEP_CPU_CURVE
     output = np.asarray(output_ids, dtype=np.int32)
     stats = DecodeStats(new_tokens=len(output))
     total_cost = 0.0
@@ -73,20 +65,3 @@ def replay(session, output_ids, cost: ForwardCost | None = None) -> ReplayResult
     if finish is not None:
         finish()
     return ReplayResult(stats, total_cost)
-
-
-def accepted_length(tokens: np.ndarray, parents, target: np.ndarray) -> int:
-    """Draft tokens a greedy verifier keeps when the target continues with ``target``: the
-    longest prefix of a chain, or the deepest path of a tree (``parents[i]``: the node token i
-    follows, -1 for the root) whose tokens equal ``target`` from the start."""
-    if parents is None:
-        n = min(len(tokens), len(target))
-        mismatch = np.flatnonzero(tokens[:n] != target[:n])
-        return int(mismatch[0]) if mismatch.size else n
-    node, depth = -1, 0
-    while depth < len(target):
-        children = np.flatnonzero((parents == node) & (tokens == target[depth]))
-        if not children.size:
-            break
-        node, depth = int(children[0]), depth + 1
-    return depth

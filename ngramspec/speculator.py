@@ -17,12 +17,12 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-
-from .config import SpeculatorConfig
 from rapidfuzz.distance import Levenshtein
 
+from .config import SpeculatorConfig
 from .history import SEPARATOR, History
 from .index import NgramIndex, warm_up
+from .verify import accepted_length
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,7 @@ class SpeculationSession:
         self._pending = None  # (primary chain tokens, its bucket, own-stream branch starts)
         self._cursor = -1  # stream position of the token expected next while copying, or -1
         self._lost = (-1, -1)  # (stream length, source position) where the last copy broke
+        self._finished = False
 
     # Acceptance buckets beyond the match lengths 0..max_n.
     @property
@@ -298,9 +299,7 @@ class SpeculationSession:
                 if verified == 0:  # not verified at all: let old evidence fade, as sizing does
                     self._accepted[kind] *= self.config.acceptance_memory
                     self._rejected[kind] *= self.config.acceptance_memory
-            n = min(len(draft), len(tokens))
-            mismatch = np.flatnonzero(draft[:n] != tokens[:n])
-            kept = int(mismatch[0]) if mismatch.size else n
+            kept = accepted_length(draft, None, tokens)
             self._accepted[kind] += kept
             self._rejected[kind] += kept < len(draft)
             self._pending = None
@@ -332,9 +331,11 @@ class SpeculationSession:
             self._lost = (old_length + best_m, best_src + best_m)
 
     def finish(self) -> None:
-        """End of the request: its output joins the speculator's history (when enabled)."""
-        if self._history is not None and self.index.length > self.prompt_length:
+        """End of the request: its output joins the speculator's history (when enabled).
+        Calling it again adds nothing."""
+        if self._history is not None and not self._finished and self.index.length > self.prompt_length:
             self._history.add(self.index.tokens[self.prompt_length : self.index.length])
+        self._finished = True
 
 
 def batch_draft_length(drafts: list[Draft], cost=None) -> int:
@@ -385,12 +386,13 @@ class NgramSpeculator:
         elif settings:
             config = dataclasses.replace(config, **settings)
         self.config = config
-        self.last_stats = None
+        self.last_stats = None  # DecodeStats of the latest generate() call (a batch: all rows)
+        self.last_row_stats: list = []  # one DecodeStats per row of that call
         self.history = History(config) if config.history_tokens > 0 else None
         warm_up()
 
     @classmethod
-    def for_model(cls, model, max_age_days: float = 30.0, **settings) -> "NgramSpeculator":
+    def for_model(cls, model, max_age_days: float = 30.0, **settings) -> NgramSpeculator:
         """A speculator whose draft sizing uses ``model``'s own verify-cost curve on its device,
         measured once (tens of seconds) and cached per model, device, dtype and torch version
         (see :mod:`ngramspec.costs`); ``settings`` as for the constructor."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from . import scoring
@@ -76,18 +76,24 @@ class Hub:
         return ["".join(row[column] for column in self.references)]
 
 
-@lru_cache(maxsize=None)
+def _datasets():
+    """The ``datasets`` package, or an ImportError naming the extra that installs it."""
+    from ngramspec.extras import require
+
+    return require("datasets", "eval")
+
+
+@cache
 def _read_jsonl(path: str, mtime_ns: int) -> tuple[dict, ...]:
     """All items of one file, parsed once per process (the mtime key drops a stale copy)."""
-    import datasets
-
+    datasets = _datasets()
     return tuple(datasets.load_dataset("json", data_files=path, split="train").to_list())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _read_hub(hub: Hub, name: str) -> tuple[dict, ...]:
     """All items of a set's hub dataset (every config, in order), downloaded once per process."""
-    import datasets
+    datasets = _datasets()
 
     items = []
     for config in hub.configs:

@@ -68,10 +68,10 @@ PROCESSOR_CASES = [
 def verify_mode(request, monkeypatch):
     """Both ways a step with processors or sampling decides its draft positions: one by one
     up to the first rejection (CPU), or all at once in one sync (accelerators; forced here)."""
-    from ngramspec import decode
+    from ngramspec import verify
 
     if request.param == "all_at_once":
-        monkeypatch.setattr(decode, "reads_all_positions_at_once", lambda logits: True)
+        monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: True)
     return request.param
 
 

@@ -10,7 +10,7 @@ import torch
 from transformers import ClassifierFreeGuidanceLogitsProcessor, LogitsProcessor, LogitsProcessorList
 
 from ngramspec import NgramSpeculator, UnsupportedGenerationError
-from ngramspec.batch import _maybe_compact
+from ngramspec.decode import _maybe_compact
 from ngramspec.speculator import Draft, batch_draft_length
 
 from conftest import PROCESSOR_CASES, plain_generate
@@ -64,7 +64,7 @@ def test_batch_equals_plain_batch_and_each_row_alone(tiny_model, seed, setting):
     for b, row in enumerate(rows):
         own = alone(tiny_model, row, max_new_tokens=max_new)  # ends at its EOS, no padding
         assert got[b, ids.shape[1] : ids.shape[1] + len(own)].tolist() == own
-        assert spec.last_stats[b].new_tokens == len(own)
+        assert spec.last_row_stats[b].new_tokens == len(own)
 
 
 def test_rows_accept_different_amounts_and_long_runs_compact(tiny_model):
@@ -75,7 +75,7 @@ def test_rows_accept_different_amounts_and_long_runs_compact(tiny_model):
     ids, mask = left_pad(rows)
     spec = NgramSpeculator(min_n=1, verify_cost=((1, 1.0), (512, 1.0)))
     compactions = []
-    import ngramspec.batch as batch_module
+    import ngramspec.decode as batch_module
 
     original = batch_module._maybe_compact
 
@@ -87,14 +87,16 @@ def test_rows_accept_different_amounts_and_long_runs_compact(tiny_model):
 
     batch_module._maybe_compact = counting
     try:
-        got = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=200, eos_token_id=None, ngram_speculator=spec)
+        got = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=200, eos_token_id=None,
+                                  ngram_speculator=spec)
     finally:
         batch_module._maybe_compact = original
-    assert got.tolist() == plain_generate(tiny_model, ids, attention_mask=mask, max_new_tokens=200, eos_token_id=None).tolist()
+    expected = plain_generate(tiny_model, ids, attention_mask=mask, max_new_tokens=200, eos_token_id=None)
+    assert got.tolist() == expected.tolist()
     assert any(compactions), "the cache was never compacted: the test does not cover compaction"
-    per_step = [s.accepted_per_step for s in spec.last_stats]
+    per_step = [s.accepted_per_step for s in spec.last_row_stats]
     assert any(len(set(step)) > 1 for step in zip(*per_step)), "rows always accepted alike"
-    assert all(s.mat > 1.2 for s in spec.last_stats)
+    assert all(s.mat > 1.2 for s in spec.last_row_stats)
 
 
 def test_row_that_ends_immediately(tiny_model):
@@ -105,8 +107,8 @@ def test_row_that_ends_immediately(tiny_model):
     spec = NgramSpeculator(min_n=1)
     got = tiny_model.generate(ids, ngram_speculator=spec, **kwargs)
     assert got.tolist() == plain_generate(tiny_model, ids, **kwargs).tolist()
-    assert spec.last_stats[1].new_tokens == 1 and spec.last_stats[1].stop_reason == "eos"
-    assert spec.last_stats[1].target_forwards == 1  # left the batch after the prefill
+    assert spec.last_row_stats[1].new_tokens == 1 and spec.last_row_stats[1].stop_reason == "eos"
+    assert spec.last_row_stats[1].target_forwards == 1  # left the batch after the prefill
 
 
 class BanAfterTwo(LogitsProcessor):
@@ -126,9 +128,9 @@ def test_batch_processors_see_each_rows_prefix(tiny_model, processor_kwargs, ver
     got = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=50, ngram_speculator=spec, **processor_kwargs)
     expected = plain_generate(tiny_model, ids, attention_mask=mask, max_new_tokens=50, **processor_kwargs)
     assert got.tolist() == expected.tolist()
-    assert sum(s.drafted_tokens for s in spec.last_stats) > 20
+    assert sum(s.drafted_tokens for s in spec.last_row_stats) > 20
     if "no_repeat_ngram_size" not in processor_kwargs:  # which forbids copying what came before
-        assert sum(s.accepted_tokens for s in spec.last_stats) > 10
+        assert sum(s.accepted_tokens for s in spec.last_row_stats) > 10
 
 
 def test_batch_scores_and_logits_match_plain(tiny_model, verify_mode):
@@ -162,7 +164,7 @@ def test_other_architectures_in_a_batch(arch):
     kwargs = dict(attention_mask=mask, max_new_tokens=60, pad_token_id=PAD, eos_token_id=PAD)
     got = model.generate(ids, ngram_speculator=spec, **kwargs)
     assert got.tolist() == plain_generate(model, ids, **kwargs).tolist()
-    assert sum(s.accepted_tokens for s in spec.last_stats) > 10
+    assert sum(s.accepted_tokens for s in spec.last_row_stats) > 10
 
 
 def test_greedy_num_return_sequences_is_refused(tiny_model):

@@ -12,31 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ngramspec.chunking import join_chunks, kind_of, split_document
+from ngramspec.chunking import join_chunks, split_document
 from ngramspec.documents import DocumentJob, clean_output
+from ngramspec.files import read_jsonl
+
+from test_chunking import DOCUMENT  # a Markdown document with every structure chunking keeps
 
 ROOT = Path(__file__).resolve().parent.parent
-
-DOCUMENT = """# Notes on the release
-
-This paragraph explains the release. It has a few sentences, and some of them
-wrap over two lines.
-
-## Code
-
-```python
-def add(a, b):
-    return a + b
-```
-
-    An indented block stays indented.
-
-- a list item
-- another list item
-
-
-Final paragraph after two blank lines.
-"""
 
 
 def cli(args, env_extra=None, stdin=None, timeout=300):
@@ -48,23 +30,6 @@ def cli(args, env_extra=None, stdin=None, timeout=300):
 @pytest.fixture()
 def cache_env(tmp_path):
     return {"NGRAMSPEC_CACHE": str(tmp_path / "cache")}
-
-
-def test_chunks_are_lossless_and_respect_boundaries():
-    count = lambda text: len(text.split())  # noqa: E731  a word "tokenizer"
-    for budget in (3, 8, 20, 1000):
-        chunks = split_document(DOCUMENT, budget, count, "markdown")
-        assert "".join(c.lead + c.body + c.trail for c in chunks) == DOCUMENT
-        assert join_chunks(chunks, [c.body for c in chunks]) == DOCUMENT
-        fence = [c.body for c in chunks if "def add" in c.body]
-        if budget >= 20:  # the fenced block (9 words) fits: it is never cut
-            assert fence[0].count("```") == 2  # opening and closing fence in one chunk
-    sections = split_document(DOCUMENT, 30, count, "markdown")
-    assert any(c.body.startswith("## Code") for c in sections)  # a heading starts a chunk
-    code = "import os\n\n\ndef f():\n    x = 1\n\n    return x\n\n\nclass A:\n    pass\n"
-    pieces = split_document(code, 8, count, "code")
-    assert [c.body.split()[0] for c in pieces] == ["import", "def", "class"]  # top-level blocks
-    assert kind_of("a.md", "") == "markdown" and kind_of("a.py", "") == "code" and kind_of(None, "# T\n") == "markdown"
 
 
 def test_clean_output_unwraps_a_fence_the_source_did_not_have():
@@ -129,13 +94,17 @@ def test_in_place_keeps_a_backup_and_stdin_works(tiny_model_dir, tmp_path, cache
         (["rewrite", "{file}", "--instruction", "x", "--model", "no-such/model-xyz"], b"text", "cannot load model"),
         (["rewrite", "{file}", "--instruction", "x", "-o", "{file}"], b"text", "would overwrite the input"),
         (["rewrite", "{file}", "--instruction", "x", "--max-draft-tokens", "0"], b"text", "speculator setting"),
+        (["rewrite", "{file}", "--instruction", "x", "--chunk-tokens", "31"], b"text",
+         "--chunk-tokens must be at least 32"),
         (["rewrite", "-", "--instruction", "x", "--in-place"], b"text", "--in-place needs a file"),
         (["rewrite", "{file}", "{missing}", "--instruction", "x", "--in-place"], b"text", "no such file"),
         (["rewrite", "{file}", "{other}", "--instruction", "x"], b"text", "several inputs need --out-dir"),
-        (["rewrite", "{file}", "{other}", "--instruction", "x", "-o", "{missing}"], b"text", "-o/--output takes one input"),
+        (["rewrite", "{file}", "{other}", "--instruction", "x", "-o", "{missing}"], b"text",
+         "-o/--output takes one input"),
         (["rewrite", "{file}", "-", "--instruction", "x", "--out-dir", "{dir}"], b"text", "'-' (stdin) can only be"),
         (["rewrite", "{file}", "{file}", "--instruction", "x", "--out-dir", "{dir}"], b"text", "given twice"),
-        (["rewrite", "{file}", "{samename}", "--instruction", "x", "--out-dir", "{dir}"], b"text", "their outputs would collide"),
+        (["rewrite", "{file}", "{samename}", "--instruction", "x", "--out-dir", "{dir}"], b"text",
+         "their outputs would collide"),
         (["rewrite", "{file}", "--instruction", "x", "--out-dir", "{dir}", "--in-place"], b"text", "give one of"),
         (["rewrite", "{file}", "--instruction", "x", "--out-dir", "{file}"], b"text", "is a file, not a folder"),
     ],
@@ -165,6 +134,15 @@ def test_error_paths_exit_2_with_a_message(tmp_path, cache_env, args, content, m
         assert file.read_bytes() == content  # never touched
 
 
+def test_options_default_to_the_document_job_settings():
+    from ngramspec.cli import build_parser
+    from ngramspec.documents import CHUNK_TOKENS, SUMMARIZE_INSTRUCTION
+
+    args = build_parser().parse_args(["summarize", "notes.txt"])
+    assert (args.instruction, args.chunk_tokens) == (SUMMARIZE_INSTRUCTION, CHUNK_TOKENS)
+    assert build_parser().parse_args(["rewrite", "a", "--instruction", "x"]).chunk_tokens == CHUNK_TOKENS
+
+
 def test_missing_instruction_is_a_usage_error():
     done = cli(["rewrite", "x.txt"])
     assert done.returncode == 2 and "--instruction" in done.stderr
@@ -185,18 +163,19 @@ def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     resume_dir = Path(cache_env["NGRAMSPEC_CACHE"]) / "resume"
     deadline = time.time() + 120
-    while time.time() < deadline and not any(resume_dir.glob("*.json")):
+    while time.time() < deadline and not any(resume_dir.glob("*.jsonl")):
         time.sleep(0.02)
     assert process.poll() is None, "finished before it could be interrupted"
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130 and "--resume" in stderr, stderr
     assert source.read_text() == "\n\n".join(paragraphs) + "\n" and not out.exists()
-    saved = json.loads(next(resume_dir.glob("*.json")).read_text())
+    saved = {r["index"] for r in read_jsonl(resume_dir.glob("*.jsonl"))}  # chunks done before the interrupt
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    total = len(split_document(source.read_text(), 32, lambda t: len(tokenizer(t, add_special_tokens=False)["input_ids"]), "text"))
+    count = lambda t: len(tokenizer(t, add_special_tokens=False)["input_ids"])
+    total = len(split_document(source.read_text(), 32, count, "text"))
     assert 0 < len(saved) < total
 
     resumed = cli(args + ["--resume"], cache_env)
@@ -206,7 +185,7 @@ def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir,
     fresh = cli(args[:5] + [str(tmp_path / "fresh.txt")] + args[6:], cache_env)
     assert fresh.returncode == 0, fresh.stderr
     assert out.read_text() == (tmp_path / "fresh.txt").read_text()  # resume gives the same result
-    assert not any(resume_dir.glob("*.json"))  # state removed after success
+    assert not any(resume_dir.iterdir())  # state removed after success
 
 
 DOCUMENTS = {
@@ -275,4 +254,4 @@ def test_many_documents_in_place_resume_skips_finished_ones(tiny_model_dir, tmp_
     assert merged["documents"] == 0  # nothing left to do
     assert {name: (tmp_path / "docs" / name).read_text() for name in DOCUMENTS} == first
     assert all((tmp_path / "docs" / (name + ".bak")).read_text() == DOCUMENTS[name] for name in DOCUMENTS)
-    assert not any((Path(cache_env["NGRAMSPEC_CACHE"]) / "resume").glob("*.json"))  # no state left behind
+    assert not any((Path(cache_env["NGRAMSPEC_CACHE"]) / "resume").iterdir())  # no state left behind

@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from ngramspec import NgramSpeculator, SpeculatorConfig
+from ngramspec.config import parse_settings
 
 
 @pytest.mark.parametrize(
@@ -66,3 +67,13 @@ def test_overrides_from_text():
         SpeculatorConfig.from_overrides("payoff_sizing=maybe")
     with pytest.raises(ValueError, match="max_n must be a int"):
         SpeculatorConfig.from_overrides("max_n=four")
+
+
+def test_settings_text_is_split_once_for_every_command_line():
+    assert parse_settings("") == {}
+    assert parse_settings(" min_n = 1 ,, k=5") == {"min_n": "1", "k": "5"}
+    # A part without "=" continues the value before it: a cost curve holds commas.
+    assert parse_settings("verify_cost=1:1.0,8:1.5,max_n=4") == {"verify_cost": "1:1.0,8:1.5", "max_n": "4"}
+    assert parse_settings("a=b=c") == {"a": "b=c"}  # only the first "=" separates
+    with pytest.raises(ValueError, match="expected name=value in '4,min_n=1'"):
+        parse_settings("4,min_n=1")

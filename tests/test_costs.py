@@ -1,7 +1,12 @@
-"""The verify-cost curve is measured once per model/device/dtype, cached, and re-measured when stale."""
+"""Cost curves: one object prices forwards for config and replay; a model's curve is measured once per
+model/device/dtype, cached, and re-measured when stale."""
+
+import pytest
 
 import ngramspec.costs as costs
-from ngramspec import NgramSpeculator
+from ngramspec import NgramSpeculator, SpeculatorConfig
+from ngramspec.config import CPU_VERIFY_COST
+from ngramspec.replay import ForwardCost, replay
 
 from conftest import tiny_llama
 
@@ -27,3 +32,52 @@ def test_cost_curve_is_cached_per_model_and_refreshed_when_stale(monkeypatch, tm
     NgramSpeculator.for_model(tiny_llama(dtype=__import__("torch").float32))  # another dtype: own entry
     assert calls == [1, 1, 1]
     assert len(list((tmp_path / "costs").glob("*.json"))) == 2
+
+
+def test_curve_is_linear_between_points_and_proportional_past_the_last():
+    curve = costs.CostCurve(((1, 1.0), (3, 2.0)))
+    assert curve(2) == pytest.approx(1.5) and curve(1) == 1.0 and curve(3) == 2.0
+    assert curve(30) == pytest.approx(20.0)  # 2.0 per 3 tokens, as at the last point
+    assert curve(0) == 0.0  # no forward, no cost
+
+
+@pytest.mark.parametrize(
+    "points, message",
+    [
+        (((2, 1.0), (4, 2.0)), "must start at q=1"),
+        (((1, 1.0), (1, 2.0)), "strictly increasing"),
+        ((), "must start at q=1"),
+        (((1, 1.0), (4, -2.0)), "must be positive"),
+        (((1, 0.0),), "must be positive"),
+        ("cheap", r"must be \(\(q, cost\), ...\) pairs"),
+        (((1, "x"),), r"must be \(\(q, cost\), ...\) pairs"),
+    ],
+)
+def test_bad_points_are_rejected_with_the_config_messages(points, message):
+    with pytest.raises(ValueError, match=message):
+        costs.CostCurve(points)
+
+
+def test_parse_reads_command_line_curves_and_names_the_format_on_error():
+    curve = costs.CostCurve.parse("1:1.0,4:1.4,8:1.5")
+    assert curve.points == ((1, 1.0), (4, 1.4), (8, 1.5))
+    assert costs.CostCurve.parse(curve.text()) == curve
+    for text in ("1-1.0", "1:1.0,x:2", "", "1:1.0:2"):
+        with pytest.raises(ValueError, match="must look like '1:1.0,4:1.4,8:1.5'"):
+            costs.CostCurve.parse(text)
+    with pytest.raises(ValueError, match="must start at q=1"):
+        costs.CostCurve.parse("2:1.0")
+
+
+def test_the_config_and_replay_price_forwards_with_the_same_curve_object():
+    config = SpeculatorConfig(verify_cost=((1, 1.0), (3, 2.0)))
+    assert config.cost_curve == costs.CostCurve(((1, 1.0), (3, 2.0)))
+    assert [config.forward_cost(q) for q in (0, 2, 30)] == [config.cost_curve(q) for q in (0, 2, 30)]
+    assert SpeculatorConfig().verify_cost == costs.DEFAULT_CPU_CURVE.points == CPU_VERIFY_COST
+    assert ForwardCost is costs.CostCurve
+    # With no curve, replay prices forwards by the steep curve: the prefill (1) plus one step
+    # verifying the drafted "2 3 4" with the last token (q = 4), which emits "2 3 4 9".
+    spec = NgramSpeculator(min_n=1, max_n=2, max_draft_tokens=3, payoff_sizing=False)
+    result = replay(spec.start([1, 2, 3, 4, 5]), [1, 2, 3, 4, 9])
+    assert result.cost == pytest.approx(1.0 + costs.STEEP_CPU_CURVE(4))
+    assert costs.STEEP_CPU_CURVE(4) != costs.DEFAULT_CPU_CURVE(4)

@@ -1,4 +1,4 @@
-"""The GPU path (skipped without CUDA; `eval/gpu_check.sh` runs it on a lent GPU).
+"""The GPU path (skipped without CUDA; `eval/gpu_check.sh` runs it on a GPU machine).
 
 The same exactness checks as on CPU with the model and every tensor on the device (the n-gram
 index stays on the host), and the host-device sync budget: one sync per decode step, the one
@@ -26,17 +26,31 @@ def cuda_model():
     return tiny_llama().to("cuda")
 
 
+def recording_sessions(spec: NgramSpeculator) -> list:
+    """Make ``spec`` keep every session that generate() starts (to inspect the host index)."""
+    sessions, start = [], spec.start
+    spec.start = lambda *args, **kwargs: sessions.append(start(*args, **kwargs)) or sessions[-1]
+    return sessions
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_greedy_rows_equal_plain_on_cuda(cuda_model, seed):
     rng = np.random.default_rng(seed)
     spec = NgramSpeculator(min_n=1, verify_cost=FLAT)
+    sessions, accepted = recording_sessions(spec), 0
     for _ in range(3):
         ids = random_prompt(rng, cuda_model.config.vocab_size, int(rng.integers(2, 60))).cuda()
         max_new = int(rng.integers(1, 80))
         got = cuda_model.generate(ids, max_new_tokens=max_new, ngram_speculator=spec)
         assert got.device.type == "cuda"
         assert got.tolist() == plain_generate(cuda_model, ids, max_new_tokens=max_new).tolist()
-    assert isinstance(spec.start(np.arange(5)).tokens, np.ndarray)  # the index lives on the host
+        # The index lives on the host and holds exactly the returned sequence (prompt + every
+        # emitted token): the device choices reached it, and nothing else did.
+        stream = sessions[-1].tokens
+        assert type(stream) is np.ndarray and stream.dtype == np.int32
+        assert stream.tolist() == got[0].tolist()
+        accepted += spec.last_stats.accepted_tokens
+    assert len(sessions) == 3 and accepted > 0, "no draft was accepted: verification went untested"
 
 
 @pytest.mark.parametrize("processor_kwargs", PROCESSOR_CASES)
@@ -95,9 +109,9 @@ def test_one_sync_per_step(cuda_model, extra):
 
 
 def test_default_cpu_curve_on_cuda_warns_once(cuda_model):
-    from ngramspec import hf
+    from ngramspec import hook
 
-    hf._warned_devices.clear()
+    hook._warned_devices.clear()
     ids = random_prompt(np.random.default_rng(1), cuda_model.config.vocab_size, 20).cuda()
     with pytest.warns(UserWarning, match="for_model"):
         cuda_model.generate(ids, max_new_tokens=5, ngram_speculator=NgramSpeculator())

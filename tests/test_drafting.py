@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ngramspec import NgramSpeculator
-from ngramspec.replay import accepted_length
+from ngramspec.verify import accepted_length
 
 from conftest import plain_generate
 
@@ -98,11 +98,16 @@ def test_tree_branches_respect_the_cost_curve():
 def test_tree_drafts_are_exact_and_used(tiny_model, seed):
     """Greedy with token trees (several candidate continuations per pass) equals plain greedy;
     some steps accept a path that is not a prefix of the verified block (KV compaction)."""
-    import ngramspec.hf as hf
+    from ngramspec.hf import HFTarget
 
     paths = []
-    original = hf._keep_path
-    hf._keep_path = lambda cache, rows, q: (paths.append(rows), original(cache, rows, q))
+    original = HFTarget.gather
+
+    def recording(self, rows, columns):  # a batch of one gathers columns only for a tree path
+        paths.append(columns)
+        return original(self, rows, columns)
+
+    HFTarget.gather = recording
     try:
         rng = np.random.default_rng(seed)
         spec = NgramSpeculator(min_n=1, tree_branches=4, verify_cost=FLAT)
@@ -117,7 +122,7 @@ def test_tree_drafts_are_exact_and_used(tiny_model, seed):
                 got = tiny_model.generate(ids, max_new_tokens=max_new, ngram_speculator=spec, **kwargs)
                 assert got.tolist() == expected.tolist()
     finally:
-        hf._keep_path = original
+        HFTarget.gather = original
     assert paths, "no tree step accepted a non-prefix path: compaction untested"
 
 
@@ -156,3 +161,14 @@ def test_auto_off_declines_through_a_mismatch_stretch_and_resumes_when_copies_re
     assert first_draft <= 15  # old evidence fades while declining
     tail = results[first_draft + 2 :]
     assert tail and all(k > 0 and accepted == k for k, accepted, _ in tail)  # on, and paying
+
+
+def test_finishing_a_session_twice_adds_its_output_to_history_once():
+    spec = NgramSpeculator(history_tokens=1000)
+    session = spec.start([5, 6, 7])
+    session.extend([8, 9, 10])
+    session.finish()
+    length = spec.history.index.length
+    assert length > 0
+    session.finish()
+    assert spec.history.index.length == length

@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-from transformers import ClassifierFreeGuidanceLogitsProcessor
-from transformers import GenerationConfig
+from transformers import ClassifierFreeGuidanceLogitsProcessor, GenerationConfig
 
 import ngramspec
 from ngramspec import NgramSpeculator, UnsupportedGenerationError
@@ -79,6 +78,7 @@ def test_non_causal_model_is_rejected():
     )
     with pytest.raises(UnsupportedGenerationError, match="needs a decoder-only causal LM"):
         t5.generate(IDS, ngram_speculator=NgramSpeculator(), max_new_tokens=3)
-    bert = BertModel(BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32))
+    bert = BertModel(BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=32))
     with pytest.raises(UnsupportedGenerationError, match="decoder-only causal LM"):
-        ngramspec.hf.check_request(bert, IDS)
+        ngramspec.checks.check_request(bert, IDS)

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 
-import ngramspec
 from ngramspec import NgramSpeculator
 from ngramspec.speculator import Draft, SpeculationSession
 
@@ -196,8 +195,10 @@ def test_speculation_switches_off_when_it_does_not_pay(tiny_model):
     ids = random_prompt(np.random.default_rng(3), 40, 45)
     expected = plain_generate(tiny_model, ids, max_new_tokens=60, eos_token_id=None)
     steep = NgramSpeculator(min_n=1, verify_cost=((1, 1.0), (2, 2.0)))
-    assert tiny_model.generate(ids, max_new_tokens=60, eos_token_id=None, ngram_speculator=steep).tolist() == expected.tolist()
+    got = tiny_model.generate(ids, max_new_tokens=60, eos_token_id=None, ngram_speculator=steep)
+    assert got.tolist() == expected.tolist()
     assert steep.last_stats.drafted_tokens == 0 and steep.last_stats.declined_steps > 10
     flat = NgramSpeculator(min_n=1, verify_cost=((1, 1.0), (64, 1.0)))
-    assert tiny_model.generate(ids, max_new_tokens=60, eos_token_id=None, ngram_speculator=flat).tolist() == expected.tolist()
+    got = tiny_model.generate(ids, max_new_tokens=60, eos_token_id=None, ngram_speculator=flat)
+    assert got.tolist() == expected.tolist()
     assert flat.last_stats.drafted_tokens > 0 and flat.last_stats.declined_steps == 0

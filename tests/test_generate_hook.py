@@ -16,7 +16,8 @@ IDS = torch.tensor([[0, 5, 9, 13, 5, 9, 21, 5, 9]])
 
 def test_generate_without_speculator_is_transformers_own(tiny_model):
     assert GenerationMixin.generate._ngramspec_original is not None
-    for kwargs in (dict(max_new_tokens=25), dict(max_new_tokens=10, num_beams=2), dict(max_new_tokens=8, do_sample=True)):
+    cases = (dict(max_new_tokens=25), dict(max_new_tokens=10, num_beams=2), dict(max_new_tokens=8, do_sample=True))
+    for kwargs in cases:
         torch.manual_seed(0)
         ours = tiny_model.generate(IDS, **kwargs)
         torch.manual_seed(0)
@@ -38,7 +39,8 @@ def test_install_is_idempotent_and_reversible(tiny_model):
         with pytest.raises(ValueError):  # stock transformers rejects the unknown kwarg
             tiny_model.generate(IDS, max_new_tokens=3, ngram_speculator=NgramSpeculator())
         # ...but the official hook still works without the wrapper
-        out = tiny_model.generate(IDS, max_new_tokens=20, custom_generate=ngramspec.ngram_generate, ngram_speculator=NgramSpeculator())
+        out = tiny_model.generate(IDS, max_new_tokens=20, custom_generate=ngramspec.ngram_generate,
+                                  ngram_speculator=NgramSpeculator())
         assert out.tolist() == tiny_model.generate(IDS, max_new_tokens=20).tolist()
     finally:
         ngramspec.install()
@@ -82,7 +84,8 @@ def test_streamer_gets_prompt_then_every_token_once(tiny_model):
 
 
 def test_return_dict_scores_and_logits_match_plain(tiny_model, verify_mode):
-    kwargs = dict(max_new_tokens=30, return_dict_in_generate=True, output_scores=True, output_logits=True, repetition_penalty=1.2)
+    kwargs = dict(max_new_tokens=30, return_dict_in_generate=True, output_scores=True, output_logits=True,
+                  repetition_penalty=1.2)
     expected = plain_generate(tiny_model, IDS, **kwargs)
     spec = NgramSpeculator()
     got = tiny_model.generate(IDS, ngram_speculator=spec, **kwargs)

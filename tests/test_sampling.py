@@ -14,8 +14,6 @@ Power: with N = 3000 and about 20-40 cells, a deviation of noncentrality N * sum
 test applied to plain transformers sampling checks the exact computation itself.
 """
 
-import itertools
-
 import numpy as np
 import pytest
 import torch
@@ -135,11 +133,19 @@ def test_speculative_sampling_matches_the_exact_distribution(model, setting):
 
 @pytest.mark.parametrize("setting", ["top_p", "user_processor"])
 def test_all_positions_at_once_samples_the_exact_distribution(model, setting, monkeypatch):
-    """The accelerator way (every draft position sampled at once, one sync), forced on CPU."""
-    from ngramspec import decode
+    """The accelerator way (every draft position sampled at once, one sync), forced on CPU,
+    passes the same goodness-of-fit test; the forced path really decided the drafted steps."""
+    from ngramspec import verify
 
-    monkeypatch.setattr(decode, "reads_all_positions_at_once", lambda logits: True)
-    test_speculative_sampling_matches_the_exact_distribution(model, setting)
+    forced = []
+    monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: forced.append(1) or True)
+    kwargs, warpers = SETTINGS[setting]
+    counts, accepted = draw(model, kwargs, speculative=True)
+    assert len(forced) > N // 20, "the all-at-once path was not taken: the test would check the CPU path"
+    assert accepted > N // 20, "drafts were rarely accepted: the test would not exercise verification"
+    p = chi_square_p(counts, exact_distribution(model, warpers), N)
+    print(f"\n{setting}, all at once: chi-square p = {p:.3f} ({len(forced)} steps, {accepted} accepted)")
+    assert p > ALPHA
 
 
 def test_plain_sampling_matches_the_exact_distribution(model):
@@ -172,7 +178,8 @@ def test_seeded_sampling_is_reproducible(model):
     runs = []
     for _ in range(2):
         torch.manual_seed(123)
-        runs.append(model.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=1.2, ngram_speculator=spec).tolist())
+        out = model.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=1.2, ngram_speculator=spec)
+        runs.append(out.tolist())
     assert runs[0] == runs[1]
 
 
@@ -191,7 +198,7 @@ def draw_batched(model, kwargs, speculative, n=N, seed=1):
     counts = {}
     for row in out[:, PROMPT.shape[1] :].tolist():
         counts[tuple(row)] = counts.get(tuple(row), 0) + 1
-    accepted = sum(s.accepted_tokens for s in extra["ngram_speculator"].last_stats) if speculative else 0
+    accepted = sum(s.accepted_tokens for s in extra["ngram_speculator"].last_row_stats) if speculative else 0
     return counts, accepted
 
 

@@ -1,6 +1,5 @@
 """Session API: propose copies the continuation of the longest earlier match; replay counts."""
 
-import numpy as np
 import pytest
 
 from ngramspec import Draft, NgramSpeculator
@@ -83,6 +82,6 @@ def test_replay_hand_computed():
     assert s.acceptance_by_position == [1.0, 1.0, 1.0]
 
 
-def test_forward_cost_interpolates():
+def test_forward_cost_interpolates_and_grows_in_proportion_past_the_last_point():
     cost = ForwardCost(((1, 1.0), (3, 2.0)))
-    assert cost(2) == pytest.approx(1.5) and cost(1) == 1.0 and cost(10) == 2.0
+    assert cost(2) == pytest.approx(1.5) and cost(1) == 1.0 and cost(12) == pytest.approx(8.0)

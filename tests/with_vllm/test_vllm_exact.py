@@ -22,10 +22,11 @@ import gc
 import numpy as np
 import pytest
 from scipy import stats
-from vllm_helpers import NGRAMSPEC, make_llm, spec_counters
-from vllm_helpers import model_dir as default_model_folder
 
 import tasks
+
+from vllm_helpers import NGRAMSPEC, make_llm, spec_counters
+from vllm_helpers import model_dir as default_model_folder
 
 PER_SET = 3
 MAX_TOKENS = 64

@@ -11,10 +11,11 @@ import gc
 import os
 
 import pytest
-from vllm_helpers import NGRAMSPEC, make_llm, spec_counters
-from vllm_helpers import model_dir as default_model_folder
 
 import tasks
+
+from vllm_helpers import NGRAMSPEC, make_llm, spec_counters
+from vllm_helpers import model_dir as default_model_folder
 
 SETS = ("jfleg", "humanevalfix", "xsum", "iterater_human")
 

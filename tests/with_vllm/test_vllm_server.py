@@ -13,10 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from vllm_helpers import NGRAMSPEC
-from vllm_helpers import model_dir as default_model_folder
 
 import tasks
+
+from vllm_helpers import NGRAMSPEC
+from vllm_helpers import model_dir as default_model_folder
 
 STARTUP_SECONDS = 240
 QUESTIONS = 6

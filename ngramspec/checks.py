@@ -1,0 +1,105 @@
+"""Requests ngram_speculator cannot serve exactly, refused before any forward pass with an
+error that says what to do instead."""
+
+from __future__ import annotations
+
+import torch
+
+from .speculator import NgramSpeculator
+
+# model_kwargs that generate() prepares for every causal LM; anything else (images, embeddings,
+# encoder outputs, ...) is a modality or mode the speculative loop does not handle.
+_KNOWN_MODEL_KWARGS = {"attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "logits_to_keep"}
+
+
+ASSISTED_CONFLICT = (
+    "ngram_speculator replaces transformers' assisted decoding: do not also pass "
+    "prompt_lookup_num_tokens or assistant_model."
+)
+
+
+class UnsupportedGenerationError(ValueError):
+    """A generate() request that speculative decoding cannot serve exactly; says what to do."""
+
+
+def fail(message: str):
+    raise UnsupportedGenerationError(message)
+
+
+def check_request(model, input_ids=None, generation_config=None, model_kwargs=None, speculator=None) -> None:
+    """Raise a clear error, before any forward pass, for requests the speculator cannot serve.
+    Each check runs on whatever is known at the call site (the wrapper knows the raw inputs,
+    the hook also knows the merged generation config and the prepared model kwargs)."""
+    if speculator is not None and not isinstance(speculator, NgramSpeculator):
+        raise TypeError(
+            f"ngram_speculator must be an ngramspec.NgramSpeculator, got {type(speculator).__name__}. "
+            "Create one with ngramspec.NgramSpeculator()."
+        )
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False) or not model.can_generate():
+        fail(
+            f"ngram_speculator needs a decoder-only causal LM; {type(model).__name__} is not one. "
+            "Load the model with AutoModelForCausalLM, or generate without ngram_speculator."
+        )
+    if generation_config is not None:
+        gc = generation_config
+        if gc.num_beams is not None and gc.num_beams > 1:
+            fail(
+                f"Beam search (num_beams={gc.num_beams}) cannot be combined with ngram_speculator; "
+                "use num_beams=1, or drop ngram_speculator for beam search."
+            )
+        if gc.prompt_lookup_num_tokens:
+            fail(ASSISTED_CONFLICT)
+        if gc.return_dict_in_generate and (gc.output_attentions or gc.output_hidden_states):
+            fail(
+                "output_attentions/output_hidden_states are not returned by ngram_speculator; "
+                "generate without them (scores and logits are supported)."
+            )
+    if input_ids is not None:
+        if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
+            fail("ngram_speculator needs input_ids as a 2-D tensor of shape (batch, prompt_length).")
+        if input_ids.shape[1] == 0:
+            fail("The prompt is empty: give at least one token (e.g. the BOS token) in input_ids.")
+        limit = getattr(config, "max_position_embeddings", None)
+        if limit is not None and input_ids.shape[1] >= limit:
+            fail(
+                f"The prompt has {input_ids.shape[1]} tokens, at or beyond the model's maximum "
+                f"length of {limit}; shorten the prompt (or split the document into chunks)."
+            )
+    if model_kwargs is not None:
+        extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _KNOWN_MODEL_KWARGS)
+        if extra:
+            fail(
+                f"ngram_speculator handles text-only input_ids; unsupported generate() inputs: {extra}. "
+                "Generate without ngram_speculator for these."
+            )
+        cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        if cache is not None and cache.get_seq_length() > 0:
+            fail(
+                "ngram_speculator starts from an empty KV cache; do not pass a filled "
+                "past_key_values/cache (pass the whole prompt instead)."
+            )
+
+
+def check_batch_request(logits_processor, streamer) -> None:
+    """A batch: no streamer, and no processor that keeps state across the whole batch."""
+    if streamer is not None:
+        fail(
+            "Streamers take one sequence (transformers' TextStreamer raises for batch > 1 too); "
+            "stream one prompt at a time, or drop the streamer for a batch."
+        )
+    for processor in logits_processor:
+        name = type(processor).__name__
+        if name in _BATCH_STATE_PROCESSORS:
+            fail(
+                f"{name} keeps state across the whole batch, which ngram_speculator's batched loop "
+                "(rows advance by different amounts) cannot provide; call generate() once per row."
+            )
+
+
+# Processors that keep per-batch state or mix rows: they cannot be applied row by row.
+_BATCH_STATE_PROCESSORS = {
+    "SynthIDTextWatermarkLogitsProcessor",
+    "ClassifierFreeGuidanceLogitsProcessor",
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor",
+}

@@ -1,0 +1,211 @@
+"""The ``generate()`` hook: ``model.generate(ids, ngram_speculator=spec, ...)``.
+
+Two ways in, one implementation:
+
+* ``model.generate(ids, ngram_speculator=spec, ...)``: ``import ngramspec`` wraps
+  ``GenerationMixin.generate`` once. Calls without ``ngram_speculator`` go to the original
+  untouched; calls with it are routed through transformers' official extension hook below.
+* ``model.generate(ids, custom_generate=ngramspec.ngram_generate, ngram_speculator=spec)``:
+  the hook itself. generate() does all of its preparation (config merge, special tokens,
+  attention mask, a fresh DynamicCache, logits processors, stopping criteria) and then calls
+  :func:`ngram_generate`, which runs the loop of ``decode.py`` on an ``hf.HFTarget``.
+
+generate() does not hand its ``streamer`` to a ``custom_generate`` callable, so the wrapper
+passes it on as ``ngram_streamer``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import warnings
+
+import torch
+from transformers import DynamicCache, GenerationMixin
+from transformers.generation import GenerateDecoderOnlyOutput
+from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
+
+from . import hf
+from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail
+from .config import CPU_VERIFY_COST
+from .decode import DecodeResult, Options, speculative_decode, stack_per_index
+from .metrics import DecodeStats
+from .speculator import NgramSpeculator
+
+
+def ngram_generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    ngram_speculator: NgramSpeculator | None = None,
+    ngram_streamer=None,
+    **model_kwargs,
+):
+    """transformers ``custom_generate`` callable: speculative greedy decoding or sampling.
+
+    Use through ``model.generate(ids, ngram_speculator=spec)``, or explicitly with
+    ``model.generate(ids, custom_generate=ngram_generate, ngram_speculator=spec)``.
+    A batch (left-padded, with its attention mask; or one prompt expanded by
+    ``num_return_sequences``) is verified in one forward per step, each row accepting its own
+    number of draft tokens. Afterwards ``ngram_speculator.last_stats`` describes the whole
+    call and ``ngram_speculator.last_row_stats`` each row.
+    """
+    if ngram_speculator is None:
+        fail("custom_generate=ngram_generate needs ngram_speculator=NgramSpeculator(...).")
+    check_request(model, input_ids, generation_config, model_kwargs, ngram_speculator)
+    _warn_if_cpu_curve_on_accelerator(model, ngram_speculator)
+    if synced_gpus:
+        fail("synced_gpus (DeepSpeed ZeRO-3 / FSDP) is not supported with ngram_speculator.")
+    cache = model_kwargs.get("cache")
+    if cache is None:
+        cache = model_kwargs.get("past_key_values")
+    if cache is None:
+        fail("generate() prepared no KV cache; ngram_speculator needs use_cache=True.")
+    batch = input_ids.shape[0]
+    if batch > 1:
+        check_batch_request(logits_processor, ngram_streamer)
+
+    gc = generation_config
+    attention_mask = model_kwargs.get("attention_mask")  # None: no padding (generate drops all-ones)
+    positions = model_kwargs.get("position_ids")
+    if positions is None:
+        positions = hf.positions_from_mask(input_ids, attention_mask)
+    config = ngram_speculator.config
+    pad = gc._pad_token_tensor
+    options = Options(
+        stop=hf.stop_rule(stopping_criteria),
+        pad_token_id=int(pad) if pad is not None else 0,
+        sample=bool(gc.do_sample),
+        keep_scores=bool(gc.return_dict_in_generate and gc.output_scores),
+        keep_logits=bool(gc.return_dict_in_generate and gc.output_logits),
+        forward_cost=config.forward_cost if config.payoff_sizing else None,
+        streamer=ngram_streamer,
+    )
+    capacity = min(gc.max_length, input_ids.shape[1] + (1 << 16))  # the drafter's index pre-size
+
+    def decode(rows: range, cache) -> DecodeResult:
+        ids = input_ids[rows.start : rows.stop]
+        mask = attention_mask[rows.start : rows.stop] if attention_mask is not None else None
+        target = hf.HFTarget(model, cache)
+        options.process = [hf.processors_for_row(logits_processor, b) for b in rows]
+        options.trees = len(rows) == 1 and config.tree_branches > 1 and target.trees_ok
+        sessions = [ngram_speculator.start(hf.real_tokens(ids, mask, b), capacity) for b in range(len(rows))]
+        result = speculative_decode(ids, mask, positions[rows.start : rows.stop], sessions, target, options)
+        for session in sessions:
+            session.finish()
+        return result
+
+    optimize = getattr(model, "_optimize_model_for_decode", None)
+    with optimize() if optimize is not None else contextlib.nullcontext():
+        if batch == 1 or hf.can_gather(cache):
+            result = decode(range(batch), cache)
+        else:
+            # Sliding-window or static caches cannot hold per-row holes: decode row by row,
+            # each with its left padding (processors see what plain batched decoding shows).
+            result = _join([decode(range(b, b + 1), DynamicCache(config=model.config)) for b in range(batch)],
+                           input_ids.shape[1], options)
+    ngram_speculator.last_row_stats = result.stats
+    ngram_speculator.last_stats = result.stats[0] if batch == 1 else DecodeStats.combine(result.stats)
+    if gc.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(
+            sequences=result.sequences,
+            scores=tuple(result.scores) if gc.output_scores else None,
+            logits=tuple(result.logits) if gc.output_logits else None,
+            # A batch's cache holds masked holes: not one plain decoding could continue from.
+            cache=cache if batch == 1 else None,
+        )
+    return result.sequences
+
+
+def _join(parts: list[DecodeResult], prompt_len: int, options: Options) -> DecodeResult:
+    """Row-by-row results -> one padded batch, as plain generate() returns it."""
+    longest = max(p.sequences.shape[1] for p in parts)
+    sequences = torch.full((len(parts), longest), options.pad_token_id, dtype=torch.long,
+                           device=parts[0].sequences.device)
+    for b, part in enumerate(parts):
+        sequences[b, : part.sequences.shape[1]] = part.sequences[0]
+    new = [part.sequences[0, prompt_len:].tolist() for part in parts]
+    result = DecodeResult(sequences, [part.stats[0] for part in parts])
+    if options.keep_scores:
+        result.scores = stack_per_index([[s[0] for s in p.scores] for p in parts], new, longest - prompt_len,
+                                        options.pad_token_id)
+    if options.keep_logits:
+        result.logits = stack_per_index([[s[0] for s in p.logits] for p in parts], new, longest - prompt_len,
+                                        options.pad_token_id)
+    return result
+
+
+_warned_devices: set = set()
+
+
+def _warn_if_cpu_curve_on_accelerator(model, speculator) -> None:
+    """Once per device type: the default cost curve was measured on a 2-core CPU, and sizes
+    drafts too timidly where extra positions are nearly free (a GPU)."""
+    device = next(model.parameters()).device.type
+    if device != "cpu" and device not in _warned_devices and tuple(speculator.config.verify_cost) == CPU_VERIFY_COST:
+        _warned_devices.add(device)
+        warnings.warn(f"ngram_speculator sizes drafts with the default verify-cost curve, measured on a CPU; the model "
+                      f"is on {device}. NgramSpeculator.for_model(model) measures and caches this device's curve "
+                      "(once, seconds).", stacklevel=4)
+
+
+def _route_stop_strings(model, kwargs: dict) -> None:
+    """generate() drops its ``tokenizer`` argument before calling a ``custom_generate``
+    callable, and then refuses stop strings for lack of a tokenizer. So, when the speculator
+    is used, build the stop-string criterion here and hand it over as a stopping criterion."""
+    tokenizer = kwargs.pop("tokenizer", None)
+    if "stop_strings" in kwargs:
+        stop_strings = kwargs["stop_strings"]
+    else:
+        stop_strings = (kwargs.get("generation_config") or model.generation_config).stop_strings
+    if not stop_strings:
+        return
+    if tokenizer is None:
+        fail("stop_strings need the model's tokenizer: pass tokenizer=... to generate().")
+    if isinstance(stop_strings, str):
+        stop_strings = [stop_strings]
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    kwargs["stopping_criteria"] = criteria
+    kwargs["stop_strings"] = None  # handled by the criterion above
+
+
+def _wrap_generate(original):
+    positional = list(inspect.signature(original).parameters)[1:]  # generate's names after self
+
+    @functools.wraps(original)
+    def generate(self, *args, ngram_speculator=None, **kwargs):
+        custom = kwargs.get("custom_generate")
+        if ngram_speculator is None and custom is not ngram_generate:
+            return original(self, *args, **kwargs)  # untouched: plain transformers behaviour
+        kwargs.update(zip(positional, args))
+        inputs = kwargs.get("inputs", kwargs.get("input_ids"))
+        check_request(self, inputs, speculator=ngram_speculator)
+        if custom is not None and custom is not ngram_generate:
+            fail("ngram_speculator cannot be combined with another custom_generate.")
+        if kwargs.get("prompt_lookup_num_tokens") or kwargs.get("assistant_model") is not None:
+            fail(ASSISTED_CONFLICT)
+        _route_stop_strings(self, kwargs)
+        kwargs["custom_generate"] = ngram_generate
+        kwargs["ngram_streamer"] = kwargs.pop("streamer", None)
+        return original(self, ngram_speculator=ngram_speculator, **kwargs)
+
+    generate._ngramspec_original = original
+    return generate
+
+
+def install() -> None:
+    """Let ``model.generate`` accept ``ngram_speculator=`` (idempotent; done on import)."""
+    if not hasattr(GenerationMixin.generate, "_ngramspec_original"):
+        GenerationMixin.generate = _wrap_generate(GenerationMixin.generate)
+
+
+def uninstall() -> None:
+    """Restore transformers' own ``generate``."""
+    original = getattr(GenerationMixin.generate, "_ngramspec_original", None)
+    if original is not None:
+        GenerationMixin.generate = original

@@ -1,0 +1,179 @@
+"""One verify step: which draft tokens the target keeps, and what a step emits.
+
+A step feeds [last, d1..dk] (block rows 0..k) to the target and reads its choice at every row.
+Draft token i sits at block row i + 1. Walking from row 0, the target's choice at a row is
+emitted; if a draft token equal to that choice follows the row, the walk moves to that token's
+row, else it stops. Greedy decoding therefore emits exactly what plain greedy decoding would:
+
+    draft   d = [5, 7, 9]            (a chain: parents -1, 0, 1)
+    choices     [5, 7, 2, 4]         (argmax at rows 0..3)
+    emitted     [5, 7, 2]            (d1, d2 kept; 2 is the target's own token after d2)
+    path        [0, 1]               (draft indices kept)
+
+With a token tree, ``parents[i]`` is the draft index token i follows (-1: the last token), and
+the walk follows whichever child carries the choice. Sampling walks the same way with each
+choice drawn from the (processed) distribution at its row, given the prefix emitted so far
+(sample-and-compare): every emitted token is a draw from the target's distribution, so the
+output has exactly plain sampling's distribution; a draft token d is kept with probability
+p(d), and on rejection the drawn token follows p with d removed and renormalised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+def follow(draft, parents, choice: Callable[[int, list[int]], int | None]) -> tuple[list[int], list[int]]:
+    """Walk the draft along the target's choices (the rule above).
+
+    draft: k token ids; parents: None for a chain, else k parent indices (-1 = the last token).
+    choice(row, emitted) -> the target's token at block row ``row``, given the tokens this
+    step emitted so far (their number is the row's depth); None when unknown (a recorded
+    continuation ran out), which ends the walk without emitting.
+    Returns (emitted tokens, path of kept draft indices).
+    """
+    if parents is None:
+        children = {(i - 1, int(token)): i for i, token in enumerate(draft)}
+    else:
+        children = {(int(parent), int(token)): i for i, (parent, token) in enumerate(zip(parents, draft))}
+    emitted: list[int] = []
+    path: list[int] = []
+    node = -1  # -1: the last token (block row 0); draft index i sits at block row i + 1
+    while True:
+        token = choice(node + 1, emitted)
+        if token is None:
+            return emitted, path
+        emitted.append(token)
+        node = children.get((node, token), None)
+        if node is None:
+            return emitted, path
+        path.append(node)
+
+
+def accepted_length(draft, parents, continuation) -> int:
+    """Draft tokens kept when the target continues with ``continuation`` (a recorded greedy
+    output, or the tokens a step emitted): the deepest path whose tokens equal it."""
+    n = len(continuation)
+
+    def recorded(row: int, emitted: list[int]) -> int | None:
+        return int(continuation[len(emitted)]) if len(emitted) < n else None
+
+    return len(follow(draft, parents, recorded)[1])
+
+
+def tree_layout(parents) -> tuple[list[int], list[list[bool]]]:
+    """Block layout of [last, *tree]: depth (q,) (0 for the last token) and visible (q, q),
+    True where block row i may attend to row j (j is i or one of its ancestors)."""
+    q = len(parents) + 1
+    depth = [0] * q
+    visible = [[False] * q for _ in range(q)]
+    visible[0][0] = True
+    for i, parent in enumerate(parents):
+        row, up = i + 1, int(parent) + 1
+        depth[row] = depth[up] + 1
+        visible[row] = list(visible[up])
+        visible[row][row] = True
+    return depth, visible
+
+
+def reads_all_positions_at_once(logits: torch.Tensor) -> bool:
+    """How a step with processors or sampling decides its draft positions. On an accelerator:
+    every position processed (assuming the drafts before it accepted) and all choices read in
+    one host-device sync. On CPU there is no sync to save, while processors and sampling cost
+    per position (top-p sorts the vocabulary; multinomial is slow), so positions are decided
+    one by one and the work stops at the first rejection."""
+    return logits.device.type != "cpu"
+
+
+def pick(scores: torch.Tensor, sample: bool) -> list[int]:
+    """scores (N, V) -> the greedy or sampled token of every row, in one host-device sync."""
+    if sample:
+        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0].tolist()
+    return scores.argmax(-1).tolist()
+
+
+@dataclass
+class Verdict:
+    """What one row's verify step decided."""
+
+    tokens: list[int]  # emitted: the kept draft tokens, then the target's own
+    path: list[int]  # draft indices kept, in order (a chain: 0..n-1)
+    scores: list = field(default_factory=list)  # processed scores (V,) per emitted token, if kept
+    logits: list = field(default_factory=list)  # raw logits (V,) per emitted token, if kept
+
+    @property
+    def is_prefix(self) -> bool:
+        """The kept tokens are the first rows of the block: dropping the rest is a crop."""
+        return self.path == list(range(len(self.path)))
+
+
+Score = Callable[[int, list[int], torch.Tensor], torch.Tensor]
+
+
+def verify_step(
+    drafts: list[list[int]],
+    parents: list | None,
+    logits: torch.Tensor,
+    score: Score | None = None,
+    sample: bool = False,
+    keep: bool = False,
+) -> list[Verdict]:
+    """Verify every row's draft against one forward's ``logits`` (A, q, V) (row a's block is
+    [last, *drafts[a]], padded to q). ``parents``: per row, None for chains.
+    ``score(a, emitted, logits_row (1, V)) -> scores (1, V)`` applies row a's processors given
+    its prefix followed by ``emitted``; None: the raw logits decide. ``keep``: record the
+    scores and raw logits of every emitted token.
+
+    Three ways, one rule (:func:`follow`): without processors or sampling, every row's argmax
+    is read in one sync; with them, on an accelerator and for chains, every position is
+    processed assuming the drafts before it were kept and all choices are read in one sync;
+    otherwise each row is decided position by position up to its first rejection.
+    """
+    rows = range(len(drafts))
+    parents = parents if parents is not None else [None] * len(drafts)
+    if score is None and not sample:
+        choices = logits.argmax(-1).tolist()  # (A, q): the step's one host-device sync
+        verdicts = [Verdict(*follow(drafts[a], parents[a], lambda row, _, a=a: choices[a][row])) for a in rows]
+        if keep:
+            for a, v in enumerate(verdicts):
+                v.scores = v.logits = [logits[a, row] for row in block_rows(v.path)]
+        return verdicts
+    score = score or (lambda a, emitted, logits_row: logits_row)
+    if all(p is None for p in parents) and reads_all_positions_at_once(logits):
+        # Position j of a row only matters if its d1..dj were kept: process it on that
+        # assumption, and pick every position of every row at once.
+        spans = [[score(a, drafts[a][:j], logits[a, j : j + 1]) for j in range(len(drafts[a]) + 1)] for a in rows]
+        flat = pick(torch.cat([s for span in spans for s in span]), sample)
+        choices, start = [], 0
+        for span in spans:
+            choices.append(flat[start : start + len(span)])
+            start += len(span)
+        verdicts = [Verdict(*follow(drafts[a], None, lambda row, _, a=a: choices[a][row])) for a in rows]
+        if keep:
+            for a, v in enumerate(verdicts):
+                v.scores = [spans[a][row][0] for row in block_rows(v.path)]
+                v.logits = [logits[a, row] for row in block_rows(v.path)]
+        return verdicts
+    verdicts = []
+    for a in rows:
+        kept_scores: list = []
+
+        def choose(row: int, emitted: list[int], a: int = a, kept_scores: list = kept_scores) -> int:
+            scores = score(a, emitted, logits[a, row : row + 1])
+            kept_scores.append((scores[0], logits[a, row]))
+            return pick(scores, sample)[0]
+
+        verdict = Verdict(*follow(drafts[a], parents[a], choose))
+        if keep:
+            verdict.scores = [s for s, _ in kept_scores]
+            verdict.logits = [raw for _, raw in kept_scores]
+        verdicts.append(verdict)
+    return verdicts
+
+
+def block_rows(path: list[int]) -> list[int]:
+    """Block rows whose choice was emitted along ``path``: row 0, then each kept token's row."""
+    return [0] + [i + 1 for i in path]
