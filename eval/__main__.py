@@ -92,6 +92,8 @@ def _main(argv=None) -> int:
     p_drafter.add_argument("--steps", type=int, default=2000, help="timed steps per context")
     p_drafter.add_argument("--settings", default="", help="SpeculatorConfig overrides, e.g. max_n=4,min_n=1")
 
+    from .bench import METHODS as bench_methods
+
     p_bench = sub.add_parser("bench", help="speed benchmark: greedy vs HF prompt lookup vs ngramspec",
                              description="Same items through plain greedy, prompt_lookup_num_tokens=10 and "
                                          "ngramspec (interleaved per item): tokens/s, ratios, MAT, step overhead "
@@ -106,7 +108,14 @@ def _main(argv=None) -> int:
                               "ngramspec only: transformers' prompt lookup takes batches of one)")
     p_bench.add_argument("--measure-cost", action="store_true",
                          help="size drafts with the verify-cost curve measured on this model and device (cached; "
-                              "use it on a GPU) instead of the default CPU curve")
+                              "a fixed curve) instead of the online cost model")
+    p_bench.add_argument("--methods", default=",".join(bench_methods),
+                         help="comma-separated: greedy first (the baseline), then any of hf-pld, ngramspec, "
+                              "ngramspec:name=value,... (settings variants side by side)")
+    p_bench.add_argument("--min-prompt-tokens", type=int, default=0,
+                         help="only items whose prompt has at least this many tokens (a long-prompt set)")
+    p_bench.add_argument("--max-prompt-tokens", type=int, default=None,
+                         help="only items whose prompt has at most this many tokens")
     p_bench.add_argument("--out", default=None, help="folder for bench.md and bench.json")
 
     args = parser.parse_args(argv)
@@ -118,6 +127,13 @@ def _main(argv=None) -> int:
         unknown = [n for n in args.tasks.split(",") if n.strip() and n.strip() not in tasks.TASKS]
         if unknown:
             parser.error(f"unknown task(s) {unknown}; known: {', '.join(tasks.TASKS)}")
+        from .methods import split_methods
+
+        chosen = args.methods = split_methods(args.methods)
+        if chosen[0] != "greedy" or len(chosen) < 2 or len(set(chosen)) < len(chosen) or not all(
+                m in bench_methods or m.startswith("ngramspec:") for m in chosen):
+            parser.error(f"--methods must start with greedy and name others among {', '.join(bench_methods)} "
+                         "or ngramspec:name=value,...")
         return bench.main(args)
     if args.command == "drafter":
         from . import drafter_cost

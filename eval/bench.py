@@ -41,6 +41,7 @@ class ForwardTimer:
 
     def __init__(self, model):
         self.seconds, self.count, self._start = 0.0, 0, 0.0
+        self.first = 0.0  # the call's first forward: the prefill, the same work for every method
         self._cuda = next(model.parameters()).is_cuda
         self._events: list = []
         self._hooks = [model.register_forward_pre_hook(self._before), model.register_forward_hook(self._after)]
@@ -63,19 +64,22 @@ class ForwardTimer:
             self._events[-1].record()
         else:
             self.seconds += time.perf_counter() - self._start
+            if self.count == 1:
+                self.first = time.perf_counter() - self._start
 
     def collect(self) -> None:
         """Add the CUDA spans recorded so far (after the work they cover is done)."""
         if self._events:
             torch.cuda.synchronize()
-            pairs = zip(self._events[::2], self._events[1::2])
-            self.seconds += sum(start.elapsed_time(end) for start, end in pairs) / 1e3
+            spans = [start.elapsed_time(end) / 1e3 for start, end in zip(self._events[::2], self._events[1::2])]
+            self.seconds += sum(spans)
+            self.first = spans[0] if self.count == len(spans) else self.first
             self._events.clear()
 
 
 def _generate(model, timer, ids, mask, method, max_new_tokens, pad_id):
     """One timed generate() of a batch ``ids`` (B, P): new token lists (each up to and including
-    its EOS), wall seconds, seconds inside forward, forwards."""
+    its EOS), wall seconds, seconds inside forward, forwards, seconds of the prefill forward."""
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id)
     if mask is not None:  # a padded batch (a single row needs none)
         kwargs["attention_mask"] = mask
@@ -83,7 +87,7 @@ def _generate(model, timer, ids, mask, method, max_new_tokens, pad_id):
         kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
     elif method.speculator is not None:
         kwargs["ngram_speculator"] = method.speculator
-    timer.seconds, timer.count = 0.0, 0
+    timer.seconds, timer.count, timer.first = 0.0, 0, 0.0
     if ids.is_cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -93,24 +97,41 @@ def _generate(model, timer, ids, mask, method, max_new_tokens, pad_id):
     timer.collect()
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
-    return [row[: real_new_tokens(row, eos_ids)] for row in rows], wall, timer.seconds, timer.count
+    return [row[: real_new_tokens(row, eos_ids)] for row in rows], wall, timer.seconds, timer.count, timer.first
+
+
+def select_items(names, limit, data_dir, tokenizer, min_prompt_tokens=0, max_prompt_tokens=None):
+    """The first ``limit`` items of each set whose prompt has ``min_prompt_tokens`` to
+    ``max_prompt_tokens`` tokens (a long-prompt set: e.g. 1,000 to 8,000), in file order."""
+    chosen = []
+    for name in names:
+        found = 0
+        for item in tasks.load_items(name, limit=None if (min_prompt_tokens or max_prompt_tokens) else limit,
+                                     data_dir=data_dir):
+            n = len(tasks.prompt_ids(tokenizer, item))
+            if n >= min_prompt_tokens and (max_prompt_tokens is None or n <= max_prompt_tokens):
+                chosen.append((name, item))
+                found += 1
+                if limit is not None and found == limit:
+                    break
+    return chosen
 
 
 def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=None, quiet=False,
-          batch_size=1, verify_cost=None) -> dict:
+          batch_size=1, verify_cost=None, method_names=METHODS, prompt_tokens=(0, None)) -> dict:
     from tqdm import tqdm
 
-    methods = [parse_method(m if m != "ngramspec" or not settings else f"ngramspec:{settings}") for m in METHODS]
+    methods = [parse_method(m if m != "ngramspec" or not settings else f"ngramspec:{settings}") for m in method_names]
     if verify_cost is not None:  # the measured curve of this model and device
         from ngramspec import NgramSpeculator
 
-        config = dataclasses.replace(methods[2].speculator.config, verify_cost=verify_cost)
-        methods[2].speculator = NgramSpeculator(config)
+        config = dataclasses.replace(methods[-1].speculator.config, verify_cost=verify_cost)
+        methods[-1].speculator = NgramSpeculator(config)
     if batch_size > 1:  # transformers' assisted decoding (prompt lookup) takes batches of one only
         methods = [m for m in methods if m.name != "hf-pld"]
     timer = ForwardTimer(model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    items = [(n, item) for n in names for item in tasks.load_items(n, limit=limit, data_dir=data_dir)]
+    items = select_items(names, limit, data_dir, tokenizer, *prompt_tokens)
     prompts = [tasks.prompt_ids(tokenizer, item) for _, item in items]
     groups = [list(range(i, min(i + batch_size, len(items)))) for i in range(0, len(items), batch_size)]
     warm, warm_mask = left_pad(prompts[:batch_size], pad_id)
@@ -119,14 +140,17 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
         _generate(model, timer, warm.to(model.device), warm_mask, method, 8, pad_id)
     totals = defaultdict(lambda: defaultdict(float))
     identical = defaultdict(int)
+    per_item = defaultdict(list)  # (group, method) -> (end-to-end, decode phase) ratios vs greedy
     for g, group in enumerate(tqdm(groups, desc=f"bench b={batch_size}", unit="batch", disable=quiet)):
         ids, mask = left_pad([prompts[i] for i in group], pad_id)
         ids, mask = ids.to(model.device), (mask.to(model.device) if batch_size > 1 else None)
         order = methods[g % len(methods) :] + methods[: g % len(methods)]
         outputs = {}
+        seconds = {}
         for method in order:
-            rows, wall, inside, forwards = _generate(model, timer, ids, mask, method, max_new_tokens, pad_id)
+            rows, wall, inside, forwards, prefill = _generate(model, timer, ids, mask, method, max_new_tokens, pad_id)
             outputs[method.name] = rows
+            seconds[method.name] = (wall, wall - prefill)
             # A batch's wall time is shared by its rows; each row's family gets its share.
             for i, row in zip(group, rows):
                 for key in (tasks.family_of(items[i][0]), "overall"):
@@ -134,6 +158,7 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
                     t["items"] += 1
                     t["tokens"] += len(row)
                     t["seconds"] += wall / len(group)
+                    t["decode_seconds"] += (wall - prefill) / len(group)
                     t["forward_seconds"] += inside / len(group)
                     t["forwards"] += forwards / len(group)
                     t["row_forwards"] += forwards  # forwards this row took part in
@@ -141,11 +166,17 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
             for i, mine, greedy in zip(group, outputs[method.name], outputs["greedy"]):
                 for key in (tasks.family_of(items[i][0]), "overall"):
                     identical[(key, method.name)] += mine == greedy
+                    # Same tokens, so a ratio of times is the ratio of tokens/s.
+                    per_item[(key, method.name)].append(
+                        tuple(g / m for g, m in zip(seconds["greedy"], seconds[method.name])))
     rows = []
     for (group, name), t in totals.items():
         rows.append({
             "group": group, "method": name, "items": int(t["items"]), "batch_size": batch_size,
             "tok_s": t["tokens"] / t["seconds"], "mat": t["tokens"] / t["row_forwards"],
+            "decode_tok_s": t["tokens"] / t["decode_seconds"],
+            "min_item_x_greedy": min((r[0] for r in per_item.get((group, name), [])), default=1.0),
+            "min_item_x_greedy_decode": min((r[1] for r in per_item.get((group, name), [])), default=1.0),
             "overhead_ms_per_step": 1e3 * (t["seconds"] - t["forward_seconds"]) / t["forwards"],
             "overhead_share": (t["seconds"] - t["forward_seconds"]) / t["seconds"],
             "identical": identical.get((group, name), int(t["items"])) / t["items"],
@@ -153,6 +184,7 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
     by = {(r["group"], r["method"]): r for r in rows}
     for r in rows:
         r["x_greedy"] = r["tok_s"] / by[(r["group"], "greedy")]["tok_s"]
+        r["x_greedy_decode"] = r["decode_tok_s"] / by[(r["group"], "greedy")]["decode_tok_s"]
         pld = by.get((r["group"], "hf-pld"))
         r["x_hf_pld"] = r["tok_s"] / pld["tok_s"] if pld else None
     timer.remove()
@@ -161,15 +193,16 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
 
 
 def markdown(result: dict) -> str:
-    lines = ["| dtype | batch | group | method | items | tok/s | x greedy | x hf-pld | MAT | overhead ms/step | "
-             "overhead share | identical |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| dtype | batch | group | method | items | tok/s | x greedy | x hf-pld | decode-phase x greedy | "
+             "worst item x greedy (decode phase) | MAT | overhead ms/step | overhead share | identical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {"summarization": 0, "rewriting": 1, "code_editing": 2, "overall": 3}
     for r in sorted(result["rows"], key=lambda r: (r.get("dtype", ""), r["batch_size"], order.get(r["group"], 9),
-                                                   METHODS.index(r["method"]))):
+                                                   METHODS.index(r["method"]) if r["method"] in METHODS else 9)):
         pld = f"{r['x_hf_pld']:.2f}x" if r["x_hf_pld"] is not None else "n/a"
         lines.append(f"| {r.get('dtype', '')} | {r['batch_size']} | {r['group']} | {r['method']} | {r['items']} | "
-                     f"{r['tok_s']:.2f} | {r['x_greedy']:.2f}x | {pld} | {r['mat']:.2f} | "
+                     f"{r['tok_s']:.2f} | {r['x_greedy']:.2f}x | {pld} | {r['x_greedy_decode']:.2f}x | "
+                     f"{r['min_item_x_greedy']:.2f}x ({r['min_item_x_greedy_decode']:.2f}x) | {r['mat']:.2f} | "
                      f"{r['overhead_ms_per_step']:.2f} | {100 * r['overhead_share']:.1f}% | "
                      f"{100 * r['identical']:.0f}% |")
     d = result["drafter_us_per_step"]
@@ -209,7 +242,8 @@ def main(args) -> int:
             result["verify_costs"][dtype_name] = curve
         for batch_size in batch_sizes:
             part = bench(model, tokenizer, names, args.limit, args.max_new_tokens, args.settings, args.data_dir,
-                         args.quiet, batch_size, curve)
+                         args.quiet, batch_size, curve, method_names=args.methods,
+                         prompt_tokens=(args.min_prompt_tokens, args.max_prompt_tokens))
             for r in part["rows"]:
                 r["dtype"] = dtype_name
             result["rows"] += part["rows"]

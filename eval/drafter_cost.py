@@ -19,7 +19,12 @@ def drafter_us_per_step(config: SpeculatorConfig, context: int, steps: int = 200
     """Median microseconds of one propose() + extend(2 tokens) after ``context`` tokens."""
     rng = np.random.default_rng(seed)
     stream = rng.integers(0, 49_152, size=context).astype(np.int32)
-    session = NgramSpeculator(config).start(stream, capacity=context + 2 * steps + 16)
+    speculator = NgramSpeculator(config)
+    if speculator.cost_model is not None:  # as in a running decoder: one-token forwards timed here
+        for length in range(context, context + 2 * steps + 512, 256):
+            for _ in range(3):
+                speculator.cost_model.observe(1, length, 0.05)
+    session = speculator.start(stream, capacity=context + 2 * steps + 16)
     tail = stream[-2 * steps :] if context >= 2 * steps else np.resize(stream, 2 * steps)
     times, drafted = [], 0
     for step in range(steps):

@@ -57,9 +57,13 @@ class SpeculatorConfig:
             using the acceptance this request has shown so far after matches of the same
             length; a draft that is not expected to pay is not proposed (a plain step). False:
             always draft as much as the match offers, up to ``max_draft_tokens``.
-        verify_cost: ``((q, relative_cost), ...)``, the cost of one forward over q tokens
-            relative to one token, linear in between; beyond the last point cost grows in
-            proportion to q (a batch of rows x positions is costed as that many tokens).
+        verify_cost: None (the default, "auto"): draft sizing asks a cost model that knows
+            the context length and refines itself from the decode loop's own forward timings
+            (:class:`~ngramspec.costmodel.OnlineCost`; its prior was measured on a 2-core CPU
+            at 400, 2,000 and 8,000 tokens of context). Or ``((q, relative_cost), ...)``: a
+            fixed curve, the cost of one forward over q tokens relative to one token, linear in
+            between; beyond the last point cost grows in proportion to q (a batch of rows x
+            positions is costed as that many tokens); never refined.
         acceptance_prior: prior probability that a drafted token is accepted given the one
             before it was, before a request has shown its own acceptance (weight of 2 drafts).
         acceptance_memory: per-step decay of acceptance evidence for a match length that is
@@ -86,7 +90,7 @@ class SpeculatorConfig:
     max_draft_tokens: int = 12
     match: str = "recent"
     payoff_sizing: bool = True
-    verify_cost: tuple = CPU_VERIFY_COST
+    verify_cost: tuple | None = None
     acceptance_prior: float = 0.5
     acceptance_memory: float = 0.9
     copy_cursor: bool = True
@@ -130,8 +134,9 @@ class SpeculatorConfig:
         if not 0.0 <= self.acceptance_memory <= 1.0:
             raise ValueError(f"acceptance_memory must be in [0, 1], got {self.acceptance_memory}.")
         # Validated (same messages) and kept as a curve: forward_cost runs on every decode step.
-        curve = CostCurve(self.verify_cost)
-        object.__setattr__(self, "verify_cost", curve.points)
+        curve = DEFAULT_CPU_CURVE if self.verify_cost is None else CostCurve(self.verify_cost)
+        if self.verify_cost is not None:
+            object.__setattr__(self, "verify_cost", curve.points)
         object.__setattr__(self, "_cost_curve", curve)
 
     def verify_costs(self) -> np.ndarray:
@@ -140,7 +145,8 @@ class SpeculatorConfig:
         return table
 
     def forward_cost(self, tokens: int) -> float:
-        """Relative cost of one forward over ``tokens`` tokens (all rows of a batch together)."""
+        """Relative cost of one forward over ``tokens`` tokens (all rows of a batch together),
+        by the fixed curve (with ``verify_cost=None``, the prior at 400 tokens of context)."""
         return self._cost_curve(tokens)
 
     @property
@@ -161,8 +167,8 @@ class SpeculatorConfig:
             if text.lower() in ("0", "false", "no", "off"):
                 return False
             raise ValueError(f"{name} must be true or false, got {text!r}")
-        if isinstance(default, tuple):  # verify_cost: "1:1.0,4:1.4,8:1.5"
-            return CostCurve.parse(text).points
+        if name == "verify_cost":  # "auto", or "1:1.0,4:1.4,8:1.5"
+            return None if text.strip().lower() == "auto" else CostCurve.parse(text).points
         try:
             return type(default)(text)
         except ValueError:

@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 
 from . import verify
+from .costmodel import ForwardTimer, OnlineCost
 from .metrics import DecodeStats
 from .speculator import batch_draft_length
 
@@ -83,8 +84,10 @@ class Options:
     keep_logits: bool = False
     trees: bool = False  # a batch of one may verify token trees (the target can gather)
     # Relative cost of one forward over n tokens, for the shared draft length of a batch
-    # (None: each row drafts all it proposes).
+    # (None: each row drafts all it proposes); with a cost model, at the batch's context.
     forward_cost: Callable[[int], float] | None = None
+    cost_model: OnlineCost | None = None
+    timer: ForwardTimer | None = None  # feeds the cost model the loop's forward timings
     # Per row, processors(prefix (1, n), logits (1, V)) -> scores (1, V), or None.
     process: list | None = None
     streamer: object = None
@@ -149,6 +152,10 @@ class _Rows:
     def length(self, b: int) -> int:
         return self.prompt_len + len(self.new[b])
 
+    def context(self) -> int:
+        """Mean real tokens per active row: what a forward attends over."""
+        return sum(self.stats[b].prompt_tokens + len(self.new[b]) for b in self.active) // len(self.active)
+
     def take(self, a: int, verdict: verify.Verdict, options: Options) -> bool:
         """Record what row active[a] emitted: write it, check stops, tell the drafter and the
         streamer. Returns False when the row stopped (the unkept tokens are dropped)."""
@@ -186,7 +193,7 @@ def speculative_decode(prompt, prompt_mask, prompt_positions, sessions: list, ta
     logits = target.forward(prompt, prompt_positions, prompt_mask, 1)  # (B, 1, V)
     verdicts = verify.verify_step([[]] * batch, None, logits, _scorer(rows, options), options.sample, keep)
     for s in rows.stats:
-        s.record_prefill()
+        s.record_prefill(time.perf_counter() - wall_start)  # the choice above read the logits: done
 
     while True:
         still = [a for a in range(len(rows.active)) if rows.take(a, verdicts[a], options)]
@@ -204,7 +211,11 @@ def speculative_decode(prompt, prompt_mask, prompt_positions, sessions: list, ta
         # 2. One forward over [last, *draft] per row: ids (A, q); filler after short drafts is
         # masked out. A tree's tokens sit at position last + depth and see only their ancestors.
         ids, positions, mask, visible = cache.block([rows.new[b][-1] for b in rows.active], drafts, parents)
+        if options.timer is not None:
+            options.timer.start()
         logits = target.forward(ids, positions, mask, ids.shape[1], visible)  # (A, q, V)
+        if options.timer is not None:
+            options.timer.stop(ids.numel(), rows.context())
 
         # 3. Verify: each row keeps the draft tokens the target itself would have produced.
         verdicts = verify.verify_step(drafts, parents, logits, _scorer(rows, options), options.sample, keep)
@@ -295,7 +306,11 @@ def _propose(rows: _Rows, options: Options) -> tuple[list[list[int]], list | Non
     else:
         rows.proposals = [rows.sessions[b].propose(max_tokens=n, sized=False, tree=False)
                           for b, n in zip(rows.active, budgets)]
-        width = batch_draft_length(rows.proposals, options.forward_cost)
+        cost = options.forward_cost
+        if options.cost_model is not None and cost is not None:
+            context = rows.context()
+            cost = lambda n: options.cost_model(n, context)  # noqa: E731
+        width = batch_draft_length(rows.proposals, cost)
         drafts = [p.tokens[:width].tolist() for p in rows.proposals]
         parents = None
     spent = (time.perf_counter() - t0) / len(rows.active)

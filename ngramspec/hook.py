@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import warnings
 
 import torch
 from transformers import DynamicCache, GenerationMixin
@@ -28,7 +27,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList, Stop
 
 from . import hf
 from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail
-from .config import CPU_VERIFY_COST
+from .costmodel import ForwardTimer
 from .decode import DecodeResult, Options, speculative_decode, stack_per_index
 from .metrics import DecodeStats
 from .speculator import NgramSpeculator
@@ -57,7 +56,6 @@ def ngram_generate(
     if ngram_speculator is None:
         fail("custom_generate=ngram_generate needs ngram_speculator=NgramSpeculator(...).")
     check_request(model, input_ids, generation_config, model_kwargs, ngram_speculator)
-    _warn_if_cpu_curve_on_accelerator(model, ngram_speculator)
     if synced_gpus:
         fail("synced_gpus (DeepSpeed ZeRO-3 / FSDP) is not supported with ngram_speculator.")
     cache = model_kwargs.get("cache")
@@ -83,8 +81,11 @@ def ngram_generate(
         keep_scores=bool(gc.return_dict_in_generate and gc.output_scores),
         keep_logits=bool(gc.return_dict_in_generate and gc.output_logits),
         forward_cost=config.forward_cost if config.payoff_sizing else None,
+        cost_model=ngram_speculator.cost_model,
         streamer=ngram_streamer,
     )
+    if ngram_speculator.cost_model is not None:
+        options.timer = ForwardTimer(ngram_speculator.cost_model, input_ids.device)
     capacity = min(gc.max_length, input_ids.shape[1] + (1 << 16))  # the drafter's index pre-size
 
     def decode(rows: range, cache) -> DecodeResult:
@@ -137,20 +138,6 @@ def _join(parts: list[DecodeResult], prompt_len: int, options: Options) -> Decod
         result.logits = stack_per_index([[s[0] for s in p.logits] for p in parts], new, longest - prompt_len,
                                         options.pad_token_id)
     return result
-
-
-_warned_devices: set = set()
-
-
-def _warn_if_cpu_curve_on_accelerator(model, speculator) -> None:
-    """Once per device type: the default cost curve was measured on a 2-core CPU, and sizes
-    drafts too timidly where extra positions are nearly free (a GPU)."""
-    device = next(model.parameters()).device.type
-    if device != "cpu" and device not in _warned_devices and tuple(speculator.config.verify_cost) == CPU_VERIFY_COST:
-        _warned_devices.add(device)
-        warnings.warn(f"ngram_speculator sizes drafts with the default verify-cost curve, measured on a CPU; the model "
-                      f"is on {device}. NgramSpeculator.for_model(model) measures and caches this device's curve "
-                      "(once, seconds).", stacklevel=4)
 
 
 def _route_stop_strings(model, kwargs: dict) -> None:

@@ -30,11 +30,13 @@ class DecodeStats:
     accepted_per_step: list[int] = field(default_factory=list)  # per decode forward (prefill excluded)
     verified_per_step: list[int] = field(default_factory=list)  # draft tokens verified per forward
     drafter_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # the prompt's forward and first token: the same for every method
     wall_seconds: float = 0.0
     stop_reason: str = ""
 
-    def record_prefill(self) -> None:
+    def record_prefill(self, seconds: float = 0.0) -> None:
         self.target_forwards += 1
+        self.prefill_seconds = seconds
 
     def record_step(self, drafted: int, accepted: int, declined: bool = False) -> None:
         self.target_forwards += 1
@@ -94,6 +96,7 @@ class DecodeStats:
             total.accepted_per_step += row.accepted_per_step
             total.verified_per_step += row.verified_per_step
         total.wall_seconds = max((row.wall_seconds for row in rows), default=0.0)
+        total.prefill_seconds = max((row.prefill_seconds for row in rows), default=0.0)
         reasons = {row.stop_reason for row in rows}
         total.stop_reason = reasons.pop() if len(reasons) == 1 else "mixed"
         return total

@@ -20,6 +20,7 @@ import numpy as np
 from rapidfuzz.distance import Levenshtein
 
 from .config import SpeculatorConfig
+from .costmodel import OnlineCost
 from .history import SEPARATOR, History
 from .index import NgramIndex, warm_up
 from .verify import accepted_length
@@ -58,6 +59,10 @@ FUZZY_AHEAD = 16
 FUZZY_BELOW_N = 3
 # Tree branches may add positions while the forward costs at most this much more than the chain.
 TREE_COST_SLACK = 0.1
+# With a cost model that has not yet timed a one-token forward at this context, a draft whose
+# expected gain over a plain step is below this factor gives way to a plain step: the gain is
+# uncertain (the relative costs are the prior's), and the step measures them. Surer drafts go on.
+EXPLORE_BELOW = 2.0
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 _NO_TOKENS.flags.writeable = False
@@ -90,7 +95,7 @@ class SpeculationSession:
     With ``tree_branches > 1`` the other candidates join the first as branches of a token tree.
     """
 
-    def __init__(self, config: SpeculatorConfig, prompt_ids, capacity: int = 0, history=None):
+    def __init__(self, config: SpeculatorConfig, prompt_ids, capacity: int = 0, history=None, cost_model=None):
         prompt = _as_token_array(prompt_ids)
         self.config = config
         self.index = NgramIndex(
@@ -106,7 +111,8 @@ class SpeculationSession:
         # kinds above max_n), accepted draft tokens and rejections seen so far. A drafted token
         # is accepted with probability r = accepted / (accepted + rejected), given the one
         # before it was (a geometric run; fully accepted drafts are censored).
-        self._costs = config.verify_costs()
+        self._costs = config.verify_costs()  # the fixed curve, when there is no cost model
+        self._cost_model = cost_model  # an OnlineCost: costs at this request's context, as measured
         self._accepted = np.zeros(config.max_n + 4)
         self._rejected = np.zeros(config.max_n + 4)
         self._pending = None  # (primary chain tokens, its bucket, own-stream branch starts)
@@ -273,16 +279,22 @@ class SpeculationSession:
     def _best_length(self, kind: int, r: float, limit: int) -> int:
         """Draft length in [0, limit] maximising expected emitted tokens per unit verify cost:
         (1 + r + r^2 + ... + r^k) / cost(k + 1), where a plain step scores 1 / cost(1) = 1."""
+        costs = self._costs
+        if self._cost_model is not None:
+            costs = self._cost_model.table(self.index.length, self.config.max_draft_tokens + 1)
         best_k, best, expected, p = 0, 1.0, 1.0, 1.0
         for k in range(1, limit + 1):
             p *= r
             expected += p
-            value = expected / self._costs[k + 1]
+            value = expected / costs[k + 1]
             if value > best:
                 best_k, best = k, value
         if best_k == 0:  # not drafting: let old evidence fade so this kind is retried
             self._accepted[kind] *= self.config.acceptance_memory
             self._rejected[kind] *= self.config.acceptance_memory
+        elif best < EXPLORE_BELOW and self._cost_model is not None and self._cost_model.needs_baseline(
+                self.index.length):
+            return 0  # a plain step times the one-token forward here, so costs become measured
         return best_k
 
     def extend(self, accepted_tokens, verified: int | None = None) -> None:
@@ -389,6 +401,9 @@ class NgramSpeculator:
         self.last_stats = None  # DecodeStats of the latest generate() call (a batch: all rows)
         self.last_row_stats: list = []  # one DecodeStats per row of that call
         self.history = History(config) if config.history_tokens > 0 else None
+        # verify_cost=None: one cost model per speculator (a model on a device), shared by its
+        # calls and refined by their forward timings.
+        self.cost_model = OnlineCost() if config.verify_cost is None else None
         warm_up()
 
     @classmethod
@@ -404,7 +419,7 @@ class NgramSpeculator:
         """Begin a request: index ``prompt_ids`` (1-D ints). ``capacity`` pre-sizes the index
         for the expected total length (prompt + new tokens); it grows on demand anyway.
         Call ``session.finish()`` at the end so the output joins the history (if enabled)."""
-        return SpeculationSession(self.config, prompt_ids, capacity, history=self.history)
+        return SpeculationSession(self.config, prompt_ids, capacity, history=self.history, cost_model=self.cost_model)
 
     def __repr__(self) -> str:
         return f"NgramSpeculator({self.config})"

@@ -60,6 +60,7 @@ def test_overrides_from_text():
     config = SpeculatorConfig.from_overrides("min_n=1, payoff_sizing=false,verify_cost=1:1.0,8:1.5, match=earliest")
     assert (config.min_n, config.payoff_sizing, config.match) == (1, False, "earliest")
     assert config.verify_cost == ((1, 1.0), (8, 1.5))
+    assert SpeculatorConfig.from_overrides("verify_cost=auto", base=config).verify_cost is None
     assert SpeculatorConfig.from_overrides("") == SpeculatorConfig()
     with pytest.raises(ValueError, match="unknown speculator setting 'n_max'"):
         SpeculatorConfig.from_overrides("n_max=3")

@@ -73,7 +73,9 @@ def test_the_config_and_replay_price_forwards_with_the_same_curve_object():
     config = SpeculatorConfig(verify_cost=((1, 1.0), (3, 2.0)))
     assert config.cost_curve == costs.CostCurve(((1, 1.0), (3, 2.0)))
     assert [config.forward_cost(q) for q in (0, 2, 30)] == [config.cost_curve(q) for q in (0, 2, 30)]
-    assert SpeculatorConfig().verify_cost == costs.DEFAULT_CPU_CURVE.points == CPU_VERIFY_COST
+    assert SpeculatorConfig().verify_cost is None  # auto: the online cost model sizes drafts
+    assert SpeculatorConfig().cost_curve == costs.DEFAULT_CPU_CURVE
+    assert costs.DEFAULT_CPU_CURVE.points == CPU_VERIFY_COST
     assert ForwardCost is costs.CostCurve
     # With no curve, replay prices forwards by the steep curve: the prefill (1) plus one step
     # verifying the drafted "2 3 4" with the last token (q = 4), which emits "2 3 4 9".

@@ -216,6 +216,7 @@ def test_accelerate_launch_two_cpu_processes(tiny_model_dir, tmp_path):
         (["bench", "--device", "nonsense"], "--device 'nonsense'"),
         (["bench", "--dtypes", "float8"], "dtypes must be among"),
         (["bench", "--batch-sizes", "0"], "batch sizes >= 1"),
+        (["bench", "--methods", "ngramspec,greedy"], "--methods must start with greedy"),
     ],
 )
 def test_cli_bad_input_gives_a_message_and_exit_2(tmp_path, args, message):
@@ -265,6 +266,23 @@ def test_bench_prints_one_table_for_batch_sizes_and_a_measured_curve(tiny_model_
     assert set(result["drafter_us_per_step"]) == {"1000", "16000", "128000"}
     q, cost = result["verify_costs"]["float32"][1]  # the measured curve sized ngramspec's drafts
     assert q == 2 and f"(2, {cost})" in result["settings"]
+
+
+@needs_data
+def test_bench_long_prompts_decode_phase_and_settings_side_by_side(tiny_model_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NGRAMSPEC_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "eval", "bench", "--model", str(tiny_model_dir), "--tasks", "quixbugs,jfleg",
+           "--limit", "2", "--max-new-tokens", "8", "--min-prompt-tokens", "400", "--quiet",
+           "--methods", "greedy,ngramspec,ngramspec:verify_cost=1:1.0,8:1.5", "--out", str(tmp_path / "bench")]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {(r["group"], r["method"]): r for r in json.loads((tmp_path / "bench" / "bench.json").read_text())["rows"]}
+    assert {m for _, m in rows} == {"greedy", "ngramspec", "ngramspec:verify_cost=1:1.0,8:1.5"}
+    assert rows[("overall", "greedy")]["items"] == 2  # only quixbugs files reach 400 prompt tokens
+    for name in ("ngramspec", "ngramspec:verify_cost=1:1.0,8:1.5"):
+        row = rows[("overall", name)]
+        assert row["decode_tok_s"] > row["tok_s"] and row["min_item_x_greedy"] <= row["x_greedy"] + 1e-9
+    assert "decode-phase x greedy" in done.stdout
 
 
 @pytest.mark.parametrize("module, argv", [("eval.vllm_bench", ["--concurrency", "1,x"]),

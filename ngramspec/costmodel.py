@@ -1,0 +1,188 @@
+"""What a forward costs here and now: ``cost(tokens, context)`` relative to a one-token forward
+at the same context, from a prior measured at a few context lengths and refined online from
+the decode loop's own forward timings.
+
+    model = OnlineCost()                         # the prior: this project's CPU grid
+    model(12, context=2000)                      # 2.0...: 12 new tokens on 2,000 cached ones
+    model.observe(tokens=12, context=2000, seconds=0.081)   # what a forward really took
+    model.table(context=2000, max_tokens=13)     # costs[q] for q = 0..13, for draft sizing
+
+Why context: verifying 12 tokens on the development CPU costs 1.60x one token at 400 tokens
+of context and 2.03x at 2,000 (attention over the context grows with q). Why online: the curve
+differs across machines, devices, dtypes and loads; the loop runs every forward anyway, so
+timing them costs nothing (on CUDA, events read a step later: no added sync).
+
+The estimate per half-octave of context: where both the one-token cell and the q-token cell
+hold at least ``MIN_SAMPLES`` timings, their ratio of medians (robust: one slow step or a noisy
+neighbour moves a median little). Elsewhere the prior, with its excess cost (cost - 1) scaled by
+how far the measured cells of that context, or the nearest measured context, are from it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costs import DEFAULT_CPU_CURVE, CostCurve
+
+# The prior of OnlineCost(): SmolLM2-135M-Instruct, fp32, torch 2.13, 2 threads, idle 2-core CPU.
+# 400 tokens: the default curve (it agrees with forwards timed inside real decoding, q=13 1.63x
+# in eval/results/insitu_cost). 2,000 and 8,000: `python -m eval.cost_curve --context N --qs
+# 1,2,3,4,5,6,8,10,12,16,24,32 --repeats 9` (one-token forward 48.9 ms and 102.7 ms). At 8,000
+# the attention kernel's cost jumps from q = 6 on. Isolated measurements vary by 20-40% from run
+# to run (the same command gave 2.19x at q=12 and 400 tokens): the online timings decide.
+CPU_CONTEXT_CURVES = (
+    (400, DEFAULT_CPU_CURVE),
+    (2000, CostCurve(((1, 1.0), (2, 1.29), (3, 1.38), (4, 1.63), (5, 1.71), (6, 1.76), (8, 1.93), (10, 2.1),
+                      (12, 2.17), (16, 2.16), (24, 2.38), (32, 2.65)))),
+    (8000, CostCurve(((1, 1.0), (2, 1.55), (3, 1.68), (4, 1.86), (5, 2.25), (6, 4.1), (8, 3.81), (10, 3.96),
+                      (12, 4.03), (16, 3.76), (24, 4.55), (32, 4.26)))),
+)
+
+
+@dataclass(frozen=True)
+class ContextCurves:
+    """Cost curves measured at increasing context lengths; between two, the cost is
+    interpolated in log(context); outside, the nearest curve holds."""
+
+    curves: tuple = CPU_CONTEXT_CURVES
+
+    def __call__(self, tokens: int, context: int) -> float:
+        contexts = [c for c, _ in self.curves]
+        if context <= contexts[0]:
+            return self.curves[0][1](tokens)
+        if context >= contexts[-1]:
+            return self.curves[-1][1](tokens)
+        i = next(i for i, c in enumerate(contexts) if c > context)
+        (c0, low), (c1, high) = self.curves[i - 1], self.curves[i]
+        w = (math.log(context) - math.log(c0)) / (math.log(c1) - math.log(c0))
+        return (1 - w) * low(tokens) + w * high(tokens)
+
+
+class OnlineCost:
+    """``cost(tokens, context)``: the prior, refined by observed forward times (module doc)."""
+
+    WINDOW = 15  # timings kept per cell: the newest, so the estimate follows a changing load
+    MIN_SAMPLES = 3
+
+    def __init__(self, prior=None):
+        self.prior = prior or ContextCurves()
+        self._cells: dict[tuple[int, int], deque] = {}
+        self._tables: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
+        self._scales: dict[int, tuple[int, float]] = {}
+        self.observations = 0
+
+    @staticmethod
+    def bucket(context: int) -> int:
+        """Half-octaves of context: 362-511 tokens share one, 512-723 the next, ..."""
+        return int(2 * math.log2(max(context, 64)))
+
+    def observe(self, tokens: int, context: int, seconds: float) -> None:
+        """One forward over ``tokens`` new tokens on ``context`` cached ones took ``seconds``."""
+        if tokens <= 0 or not seconds > 0:
+            return
+        key = (self.bucket(context), int(tokens))
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = self._cells[key] = deque(maxlen=self.WINDOW)
+        cell.append(float(seconds))
+        self.observations += 1
+
+    def needs_baseline(self, context: int) -> bool:
+        """Too few one-token timings at this context to measure relative costs here."""
+        return self._median(self.bucket(context), 1) is None
+
+    def _median(self, bucket: int, tokens: int) -> float | None:
+        cell = self._cells.get((bucket, tokens))
+        return statistics.median(cell) if cell is not None and len(cell) >= self.MIN_SAMPLES else None
+
+    def _excess_scale(self, bucket: int) -> float:
+        """How the measured excess cost (cost - 1) compares with the prior's, at this context
+        or the nearest measured one (median over the measured token counts); 1 when unknown.
+        Recomputed after 8 new timings (a batch asks for many token counts per step)."""
+        cached = self._scales.get(bucket)
+        if cached is None or self.observations - cached[0] >= 8:
+            cached = self._scales[bucket] = (self.observations, self._measure_excess_scale(bucket))
+        return cached[1]
+
+    def _measure_excess_scale(self, bucket: int) -> float:
+        for distance in (0, 1, -1, 2, -2):
+            b = bucket + distance
+            one = self._median(b, 1)
+            if one is None:
+                continue
+            context = int(2 ** (b / 2 + 0.25))
+            ratios = []
+            for (cell_bucket, tokens), _ in self._cells.items():
+                if cell_bucket != b or tokens == 1:
+                    continue
+                measured = self._median(b, tokens)
+                prior_excess = self.prior(tokens, context) - 1
+                if measured is not None and prior_excess > 0.02:
+                    ratios.append(max(measured / one - 1, 0.0) / prior_excess)
+            if ratios:
+                return statistics.median(ratios)
+        return 1.0
+
+    def __call__(self, tokens: int, context: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        bucket = self.bucket(context)
+        one, here = self._median(bucket, 1), self._median(bucket, tokens)
+        if one is not None and here is not None:
+            return here / one
+        return 1 + (self.prior(tokens, context) - 1) * self._excess_scale(bucket)
+
+    def table(self, context: int, max_tokens: int) -> np.ndarray:
+        """``costs[q]`` for q = 0..max_tokens at this context; recomputed when this context's
+        half-octave changes or 8 more timings came in (draft sizing asks every step)."""
+        key = (self.bucket(context), max_tokens)
+        cached = self._tables.get(key)
+        if cached is not None and self.observations - cached[0] < 8:
+            return cached[1]
+        table = np.array([self(q, context) for q in range(max_tokens + 1)])
+        self._tables[key] = (self.observations, table)
+        return table
+
+
+class ForwardTimer:
+    """Times the decode loop's forwards into an :class:`OnlineCost`. On CPU the forward is
+    synchronous and the wall clock times it. On CUDA two events bracket it and are read once
+    they have completed (``query()``, a step or more later): no host-device sync is added."""
+
+    def __init__(self, cost: OnlineCost, device, clock=time.perf_counter):
+        self.cost = cost
+        self.cuda = getattr(device, "type", str(device)) == "cuda"
+        self.clock = clock
+        self._pending: list = []  # CUDA: (start event, end event, tokens, context)
+        self._started = None
+
+    def start(self) -> None:
+        if self.cuda:
+            import torch
+
+            self._read_completed()
+            self._started = torch.cuda.Event(enable_timing=True)
+            self._started.record()
+        else:
+            self._started = self.clock()
+
+    def stop(self, tokens: int, context: int) -> None:
+        if self.cuda:
+            import torch
+
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((self._started, end, tokens, context))
+        else:
+            self.cost.observe(tokens, context, self.clock() - self._started)
+
+    def _read_completed(self) -> None:
+        while self._pending and self._pending[0][1].query():
+            start, end, tokens, context = self._pending.pop(0)
+            self.cost.observe(tokens, context, start.elapsed_time(end) / 1000)

@@ -1,0 +1,126 @@
+"""The cost model: the context-aware prior, online refinement from forward timings, and the
+decode loop with a scripted forward cost (a fake clock) drafting only where drafts pay."""
+
+import numpy as np
+import pytest
+import torch
+
+from ngramspec import NgramSpeculator
+from ngramspec.costmodel import ContextCurves, ForwardTimer, OnlineCost
+from ngramspec.costs import CostCurve
+from ngramspec.decode import Options, StopRule, speculative_decode
+
+from test_decode import FakeTarget, plain
+
+LOW = CostCurve(((1, 1.0), (16, 2.0)))
+HIGH = CostCurve(((1, 1.0), (16, 4.0)))
+
+
+def test_prior_interpolates_in_log_context_and_holds_outside():
+    prior = ContextCurves(((100, LOW), (10_000, HIGH)))
+    assert prior(16, 50) == 2.0 and prior(16, 100) == 2.0 and prior(16, 20_000) == 4.0
+    assert prior(16, 1000) == pytest.approx(3.0)  # halfway in log(context)
+    assert prior(1, 1000) == 1.0
+
+
+def scripted(tokens: int, context: int) -> float:
+    """Seconds of a forward: 10 ms, +1 ms per token and +0.2 us per token and context token."""
+    return 0.010 + 0.001 * tokens + 2e-7 * tokens * context
+
+
+def test_online_estimate_converges_to_the_scripted_curve():
+    model = OnlineCost(ContextCurves(((100, LOW),)))
+    assert model(8, 3000) == pytest.approx(LOW(8))  # nothing measured: the prior
+    for _ in range(5):
+        for q in (1, 4, 13):
+            model.observe(q, 3000, scripted(q, 3000))
+    truth = {q: scripted(q, 3000) / scripted(1, 3000) for q in (4, 13)}
+    assert model(4, 3000) == pytest.approx(truth[4]) and model(13, 3000) == pytest.approx(truth[13])
+    # An unmeasured size: the prior's excess cost, scaled as the measured sizes say.
+    scale = np.median([(truth[q] - 1) / (LOW(q) - 1) for q in (4, 13)])
+    assert model(8, 3000) == pytest.approx(1 + (LOW(8) - 1) * scale)
+    # The nearest measured context informs an unmeasured one; a far one keeps the prior.
+    assert model(8, 3500) == pytest.approx(1 + (LOW(8) - 1) * scale, rel=0.05)
+    assert model(8, 60) == pytest.approx(LOW(8))
+
+
+def test_one_slow_step_does_not_swing_the_estimate():
+    model = OnlineCost(ContextCurves(((100, LOW),)))
+    for _ in range(6):
+        model.observe(1, 500, 0.010)
+        model.observe(8, 500, 0.015)
+    model.observe(8, 500, 1.5)  # a noisy neighbour took the CPU for one step
+    assert model(8, 500) == pytest.approx(1.5)
+    assert not model.needs_baseline(500) and model.needs_baseline(5000)
+
+
+def test_table_follows_new_timings():
+    model = OnlineCost(ContextCurves(((100, LOW),)))
+    for _ in range(3):
+        model.observe(1, 500, 0.010)
+        model.observe(4, 500, 0.020)
+    assert model.table(500, 5)[4] == pytest.approx(2.0)
+    for _ in range(15):
+        model.observe(4, 500, 0.030)
+    assert model.table(500, 5)[4] == pytest.approx(3.0)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class ClockedTarget(FakeTarget):
+    """The fake target of test_decode, whose forwards take scripted time on a fake clock."""
+
+    def __init__(self, clock, seconds):
+        super().__init__(1)
+        self.clock, self.seconds = clock, seconds
+
+    def forward(self, ids, positions, mask, keep, visible=None):
+        self.clock.now += self.seconds(ids.shape[1], len(self.cache[0]))
+        return super().forward(ids, positions, mask, keep, visible)
+
+
+def decode_with_clock(seconds, max_new=200, seed=0):
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(2, 16, size=40).tolist()
+    spec = NgramSpeculator(min_n=1)  # verify_cost=None: the cost model decides
+    clock = Clock()
+    options = Options(stop=StopRule(max_length=len(prompt) + max_new, eos_token_ids=frozenset({1})),
+                      cost_model=spec.cost_model, timer=ForwardTimer(spec.cost_model, "cpu", clock))
+    result = speculative_decode(torch.tensor([prompt]), None, torch.arange(len(prompt))[None], [spec.start(prompt)],
+                                ClockedTarget(clock, seconds), options)
+    new = result.sequences[0, len(prompt) :].tolist()
+    assert new == plain(prompt, len(prompt) + max_new)
+    return result.stats[0], spec.cost_model, len(prompt)
+
+
+def test_drafts_where_extra_positions_are_cheap():
+    stats, model, context = decode_with_clock(lambda q, ctx: 0.010 + 0.0002 * q)
+    assert stats.accepted_tokens > 60 and stats.mat > 1.8
+    assert model(13, context + 100) < 1.3 < model.prior(13, context + 100)  # cheaper than the prior said
+
+
+def test_declines_where_every_position_costs_a_full_forward():
+    """Verifying q tokens costs q one-token forwards: no draft can pay. The prior (a CPU curve)
+    says drafts are cheap; the timings say otherwise, and the drafter stops drafting."""
+    stats, model, context = decode_with_clock(lambda q, ctx: 0.010 * q)
+    steps = stats.verified_per_step
+    late = steps[len(steps) // 2 :]
+    assert sum(1 for k in late if k) <= len(late) // 10, f"still drafting in {sum(1 for k in late if k)} late steps"
+    assert stats.declined_steps > len(steps) // 2
+    assert model(8, context + 150) > 6  # learnt: near 8x, not the prior's 1.4x
+
+
+def test_forward_timer_on_cpu_uses_the_clock():
+    model, clock = OnlineCost(), Clock()
+    timer = ForwardTimer(model, torch.device("cpu"), clock)
+    for q in (1, 1, 1, 5, 5, 5):
+        timer.start()
+        clock.now += 0.01 * (1 + q / 10)
+        timer.stop(q, 1000)
+    assert model(5, 1000) == pytest.approx(1.5 / 1.1)
