@@ -26,7 +26,7 @@ from typing import Protocol
 import torch
 
 from . import verify
-from .costmodel import ForwardTimer, OnlineCost
+from .costmodel import ForwardTimer
 from .metrics import DecodeStats
 from .speculator import batch_draft_length
 
@@ -83,11 +83,10 @@ class Options:
     keep_scores: bool = False
     keep_logits: bool = False
     trees: bool = False  # a batch of one may verify token trees (the target can gather)
-    # Relative cost of one forward over n tokens, for the shared draft length of a batch
-    # (None: each row drafts all it proposes); with a cost model, at the batch's context.
-    forward_cost: Callable[[int], float] | None = None
-    cost_model: OnlineCost | None = None
-    timer: ForwardTimer | None = None  # feeds the cost model the loop's forward timings
+    # forward_cost(n, context): relative cost of one forward over n tokens on that many cached
+    # ones, for the shared draft length of a batch (None: each row drafts all it proposes).
+    forward_cost: Callable[[int, int], float] | None = None
+    timer: ForwardTimer | None = None  # feeds a cost model the loop's forward timings
     # Per row, processors(prefix (1, n), logits (1, V)) -> scores (1, V), or None.
     process: list | None = None
     streamer: object = None
@@ -306,11 +305,8 @@ def _propose(rows: _Rows, options: Options) -> tuple[list[list[int]], list | Non
     else:
         rows.proposals = [rows.sessions[b].propose(max_tokens=n, sized=False, tree=False)
                           for b, n in zip(rows.active, budgets)]
-        cost = options.forward_cost
-        if options.cost_model is not None and cost is not None:
-            context = rows.context()
-            cost = lambda n: options.cost_model(n, context)  # noqa: E731
-        width = batch_draft_length(rows.proposals, cost)
+        cost, context = options.forward_cost, rows.context()
+        width = batch_draft_length(rows.proposals, None if cost is None else lambda n: cost(n, context))
         drafts = [p.tokens[:width].tolist() for p in rows.proposals]
         parents = None
     spent = (time.perf_counter() - t0) / len(rows.active)
@@ -325,7 +321,7 @@ def _propose(rows: _Rows, options: Options) -> tuple[list[list[int]], list | Non
 def _scorer(rows: _Rows, options: Options) -> verify.Score | None:
     """Row a's processors applied with its prefix followed by the tokens the step emitted so
     far, as plain decoding presents it; None when no row has processors."""
-    if options.process is None or not any(options.process):
+    if options.process is None:
         return None
 
     def score(a: int, emitted: list[int], logits_row: torch.Tensor) -> torch.Tensor:

@@ -72,7 +72,10 @@ def ngram_generate(
     positions = model_kwargs.get("position_ids")
     if positions is None:
         positions = hf.positions_from_mask(input_ids, attention_mask)
-    config = ngram_speculator.config
+    config, cost_model = ngram_speculator.config, ngram_speculator.cost_model
+    forward_cost = None  # payoff sizing off: a batch drafts all it proposes
+    if config.payoff_sizing:
+        forward_cost = cost_model if cost_model is not None else lambda tokens, context: config.forward_cost(tokens)
     pad = gc._pad_token_tensor
     options = Options(
         stop=hf.stop_rule(stopping_criteria),
@@ -80,19 +83,18 @@ def ngram_generate(
         sample=bool(gc.do_sample),
         keep_scores=bool(gc.return_dict_in_generate and gc.output_scores),
         keep_logits=bool(gc.return_dict_in_generate and gc.output_logits),
-        forward_cost=config.forward_cost if config.payoff_sizing else None,
-        cost_model=ngram_speculator.cost_model,
+        forward_cost=forward_cost,
+        timer=ForwardTimer(cost_model, input_ids.device) if cost_model is not None else None,
         streamer=ngram_streamer,
     )
-    if ngram_speculator.cost_model is not None:
-        options.timer = ForwardTimer(ngram_speculator.cost_model, input_ids.device)
     capacity = min(gc.max_length, input_ids.shape[1] + (1 << 16))  # the drafter's index pre-size
 
     def decode(rows: range, cache) -> DecodeResult:
         ids = input_ids[rows.start : rows.stop]
         mask = attention_mask[rows.start : rows.stop] if attention_mask is not None else None
         target = hf.HFTarget(model, cache)
-        options.process = [hf.processors_for_row(logits_processor, b) for b in rows]
+        process = [hf.processors_for_row(logits_processor, b) for b in rows]
+        options.process = process if any(p is not None for p in process) else None  # None: no prefix work
         options.trees = len(rows) == 1 and config.tree_branches > 1 and target.trees_ok
         sessions = [ngram_speculator.start(hf.real_tokens(ids, mask, b), capacity) for b in range(len(rows))]
         result = speculative_decode(ids, mask, positions[rows.start : rows.stop], sessions, target, options)

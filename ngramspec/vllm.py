@@ -133,7 +133,6 @@ class RowSessions:
         self.rows: dict[int, SpeculationSession] = {}  # row -> session, from the last step
         self.idle: OrderedDict[int, SpeculationSession] = OrderedDict()  # id -> session, oldest first
         self.verified: dict[int, int] = {}  # id(session) -> its draft tokens the step verified
-        self.finished: set[int] = set()  # ids of idle sessions whose output joined the history
         self.rng = np.random.default_rng(seed)
         self.created = 0  # sessions built from a row's whole text
 
@@ -180,16 +179,13 @@ class RowSessions:
             matched[i] = session
         for key, session in previous.items():
             if key not in taken:  # finished (or preempted: then it may come back)
-                if key not in self.finished:
-                    session.finish()
-                    self.finished.add(key)
+                session.finish()  # its output joins the history once, however often it goes idle
                 self.idle[key] = session
                 self.idle_tokens += session.index.length
         while self.idle and (len(self.idle) > self.max_idle or self.idle_tokens > self.max_idle_tokens):
             key, old = self.idle.popitem(last=False)
             self.idle_tokens -= old.index.length
             self.verified.pop(key, None)
-            self.finished.discard(key)
         self.rows = matched
         return matched
 

@@ -91,7 +91,7 @@ def decode_with_clock(seconds, max_new=200, seed=0):
     spec = NgramSpeculator(min_n=1)  # verify_cost=None: the cost model decides
     clock = Clock()
     options = Options(stop=StopRule(max_length=len(prompt) + max_new, eos_token_ids=frozenset({1})),
-                      cost_model=spec.cost_model, timer=ForwardTimer(spec.cost_model, "cpu", clock))
+                      forward_cost=spec.cost_model, timer=ForwardTimer(spec.cost_model, "cpu", clock))
     result = speculative_decode(torch.tensor([prompt]), None, torch.arange(len(prompt))[None], [spec.start(prompt)],
                                 ClockedTarget(clock, seconds), options)
     new = result.sequences[0, len(prompt) :].tolist()
