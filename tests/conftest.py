@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tasks/, eval/ at the repo root
 
 import ngramspec  # noqa: E402  (installs the generate hook)
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # Parallel workers (pytest -n): the cores are shared out, one torch pool per worker, rather
+    # than every worker spinning a pool over all cores.
+    # Commands the tests start as subprocesses inherit the share through OMP_NUM_THREADS.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # tests/with_vllm needs vLLM, which lives in its own venv (`make test-vllm`).
 collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["with_vllm/*"]
@@ -100,3 +109,12 @@ def tiny_model_dir(tmp_path_factory):
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """Commands run in-process (the CLI, the harness) set torch's thread count for their run;
+    later tests get the count back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

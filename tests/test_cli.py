@@ -1,4 +1,6 @@
-"""`ngramspec rewrite|summarize` run as a subprocess, on a tiny random model with a real tokenizer."""
+"""`ngramspec rewrite|summarize` on a tiny random model with a real tokenizer: as a subprocess
+where the process boundary is what is tested (Ctrl-C, `python -m ngramspec`, `accelerate
+launch`), otherwise in this process through the same ``main()`` the command runs."""
 
 import io
 import json
@@ -32,21 +34,37 @@ def cache_env(tmp_path):
     return {"NGRAMSPEC_CACHE": str(tmp_path / "cache")}
 
 
+def run_main(args, monkeypatch, capsys, cache_env, stdin: bytes = b"") -> tuple[int, str, str]:
+    """``ngramspec ARGS`` in this process: (exit code, stdout, stderr)."""
+    from ngramspec import cli as cli_module
+
+    monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    capsys.readouterr()
+    try:
+        code = cli_module.main(args)
+    except SystemExit as exit_:  # argparse's usage errors
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 def test_clean_output_unwraps_a_fence_the_source_did_not_have():
     assert clean_output("```python\nx = 1\n```", "x = 0") == "x = 1"
     assert clean_output("```python\nx = 1\n```", "```python\nx = 0\n```") == "```python\nx = 1\n```"
     assert clean_output("  text \n", "t") == "text"
 
 
-def test_rewrite_round_trips_structure_and_equals_the_library(tiny_model_dir, tmp_path, cache_env):
+def test_rewrite_round_trips_structure_and_equals_the_library(tiny_model_dir, tmp_path, cache_env, monkeypatch,
+                                                              capsys):
     source = tmp_path / "notes.md"
     source.write_text(DOCUMENT)
     out = tmp_path / "out.md"
     args = ["rewrite", str(source), "--instruction", "Fix the grammar.", "-o", str(out), "--model", str(tiny_model_dir),
             "--max-new-tokens", "12", "--chunk-tokens", "32", "--quiet", "--stats"]
-    done = cli(args, cache_env)
-    assert done.returncode == 0, done.stderr
-    stats = json.loads(done.stderr.strip().splitlines()[-1])
+    code, _, err = run_main(args, monkeypatch, capsys, cache_env)
+    assert code == 0, err
+    stats = json.loads(err.strip().splitlines()[-1])
     assert stats["chunks"] >= 3 and stats["new_tokens"] > 0 and stats["target_forwards"] > 0
     assert source.read_text() == DOCUMENT  # input untouched
 
@@ -70,17 +88,17 @@ def test_rewrite_round_trips_structure_and_equals_the_library(tiny_model_dir, tm
         assert chunk.trail in text
 
 
-def test_in_place_keeps_a_backup_and_stdin_works(tiny_model_dir, tmp_path, cache_env):
+def test_in_place_keeps_a_backup_and_stdin_works(tiny_model_dir, tmp_path, cache_env, monkeypatch, capsys):
     source = tmp_path / "a.txt"
     source.write_text("One paragraph.\n\nAnother paragraph.\n")
-    done = cli(["rewrite", str(source), "--instruction", "Shorten.", "--in-place", "--model", str(tiny_model_dir),
-                "--max-new-tokens", "5", "--quiet"], cache_env)
-    assert done.returncode == 0, done.stderr
+    code, _, err = run_main(["rewrite", str(source), "--instruction", "Shorten.", "--in-place", "--model",
+                             str(tiny_model_dir), "--max-new-tokens", "5", "--quiet"], monkeypatch, capsys, cache_env)
+    assert code == 0, err
     assert (tmp_path / "a.txt.bak").read_text() == "One paragraph.\n\nAnother paragraph.\n"
     assert source.read_text() != (tmp_path / "a.txt.bak").read_text()
-    piped = cli(["summarize", "-", "--model", str(tiny_model_dir), "--max-new-tokens", "5", "--quiet"],
-                cache_env, stdin="Some text to summarize.\n")
-    assert piped.returncode == 0 and piped.stdout.strip(), piped.stderr
+    code, out, err = run_main(["summarize", "-", "--model", str(tiny_model_dir), "--max-new-tokens", "5", "--quiet"],
+                              monkeypatch, capsys, cache_env, stdin=b"Some text to summarize.\n")
+    assert code == 0 and out.strip(), err
 
 
 @pytest.mark.parametrize(
@@ -123,11 +141,7 @@ def test_error_paths_exit_2_with_a_message(tmp_path, cache_env, args, content, m
         done = cli(args, cache_env, stdin="")
         code, stderr = done.returncode, done.stderr
     else:  # in-process: the same main() the command runs, without a new interpreter per case
-        from ngramspec import cli as cli_module
-
-        monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
-        code, stderr = cli_module.main(args), capsys.readouterr().err
+        code, _, stderr = run_main(args, monkeypatch, capsys, cache_env)
     assert code == 2, stderr
     assert message in stderr and "Traceback" not in stderr
     if content is not None:
@@ -143,9 +157,9 @@ def test_options_default_to_the_document_job_settings():
     assert build_parser().parse_args(["rewrite", "a", "--instruction", "x"]).chunk_tokens == CHUNK_TOKENS
 
 
-def test_missing_instruction_is_a_usage_error():
-    done = cli(["rewrite", "x.txt"])
-    assert done.returncode == 2 and "--instruction" in done.stderr
+def test_missing_instruction_is_a_usage_error(monkeypatch, capsys, cache_env):
+    code, _, err = run_main(["rewrite", "x.txt"], monkeypatch, capsys, cache_env)
+    assert code == 2 and "--instruction" in err
 
 
 def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir, tmp_path, cache_env):
@@ -202,7 +216,8 @@ def _write_documents(folder: Path) -> list[str]:
     return [str(folder / name) for name in DOCUMENTS]
 
 
-def test_many_documents_sharded_over_two_processes_equal_one_process(tiny_model_dir, tmp_path, cache_env):
+def test_many_documents_sharded_over_two_processes_equal_one_process(tiny_model_dir, tmp_path, cache_env, monkeypatch,
+                                                                     capsys):
     """`accelerate launch` with 2 CPU processes splits the documents and merges the stats; every
     output equals what one process writes for the same inputs."""
     from ngramspec.cli import shard_by_size
@@ -212,8 +227,8 @@ def test_many_documents_sharded_over_two_processes_equal_one_process(tiny_model_
     inputs = _write_documents(tmp_path / "docs")
     common = ["rewrite", *inputs, "--instruction", "Fix the grammar.", "--model", str(tiny_model_dir),
               "--max-new-tokens", "12", "--chunk-tokens", "32", "--quiet", "--stats"]
-    single = cli(common + ["--out-dir", str(tmp_path / "one")], cache_env)
-    assert single.returncode == 0, single.stderr
+    code, _, err = run_main(common + ["--out-dir", str(tmp_path / "one")], monkeypatch, capsys, cache_env)
+    assert code == 0, err
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **cache_env}
     launcher = Path(sys.executable).parent / "accelerate"

@@ -21,6 +21,20 @@ REPO = Path(__file__).resolve().parent.parent
 HAVE_DATA = (tasks.default_data_dir() / "jfleg").is_dir()
 
 
+def eval_main(args: list[str], capsys) -> tuple[int, str, str]:
+    """``python -m eval ARGS`` in this process (the same main(), without a new interpreter):
+    (exit code, stdout, stderr)."""
+    from eval.__main__ import main
+
+    capsys.readouterr()
+    try:
+        code = main(args)
+    except SystemExit as exit_:  # argparse's usage errors
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 def test_hf_rule_takes_the_leftmost_match():
     session = HFPromptLookupSession([1, 2, 3, 1, 2, 4, 1, 2], num_tokens=4)
     assert session.propose().tolist() == [3, 1, 2, 4]  # "1 2" first occurs at 0
@@ -175,17 +189,16 @@ def test_run_resumes_after_interruption(tiny_model_dir, tmp_path, monkeypatch):
 
 
 @needs_data
-def test_trace_then_replay_cli(tiny_model_dir, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def test_trace_then_replay_cli(tiny_model_dir, tmp_path, capsys):
     traces = tmp_path / "traces.jsonl"
-    cmd = [sys.executable, "-m", "eval", "trace", "--model", str(tiny_model_dir), "--tasks", "asset",
-           "--limit", "2", "--max-new-tokens", "10", "--quiet", "--out", str(traces)]
-    subprocess.run(cmd, check=True, cwd=REPO, env=env, capture_output=True)
+    code, _, err = eval_main(["trace", "--model", str(tiny_model_dir), "--tasks", "asset", "--limit", "2",
+                              "--max-new-tokens", "10", "--quiet", "--out", str(traces)], capsys)
+    assert code == 0, err
     lines = [json.loads(line) for line in traces.read_text().splitlines()]
     assert len(lines) == 2 and set(lines[0]) == {"id", "dataset", "prompt_ids", "output_ids"}
     assert lines[0]["id"].startswith("asset/") and len(lines[0]["output_ids"]) <= 10
-    out = subprocess.run([sys.executable, "-m", "eval", "replay", str(traces), "--methods", "hf-rule,ngramspec"],
-                         check=True, cwd=REPO, env=env, capture_output=True, text=True).stdout
+    code, out, err = eval_main(["replay", str(traces), "--methods", "hf-rule,ngramspec"], capsys)
+    assert code == 0, err
     assert "| overall | hf-rule | 2 |" in out and "| overall | ngramspec | 2 |" in out
 
 
@@ -219,12 +232,12 @@ def test_accelerate_launch_two_cpu_processes(tiny_model_dir, tmp_path):
         (["bench", "--methods", "ngramspec,greedy"], "--methods must start with greedy"),
     ],
 )
-def test_cli_bad_input_gives_a_message_and_exit_2(tmp_path, args, message):
+def test_cli_bad_input_gives_a_message_and_exit_2(tmp_path, args, message, capsys):
+    """In-process (an uncaught exception would fail the test as a traceback would)."""
     if args[0] == "run":
         args = args + ["--out", str(tmp_path / "run")]
-    done = subprocess.run([sys.executable, "-m", "eval", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+    code, _, err = eval_main(args, capsys)
+    assert code == 2 and message in err, err
 
 
 def test_oracle_bounds_every_drafter_on_real_traces():
@@ -248,13 +261,12 @@ def test_oracle_bounds_every_drafter_on_real_traces():
 
 
 @needs_data
-def test_bench_prints_one_table_for_batch_sizes_and_a_measured_curve(tiny_model_dir, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NGRAMSPEC_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "eval", "bench", "--model", str(tiny_model_dir), "--tasks", "jfleg,quixbugs",
-           "--limit", "2", "--max-new-tokens", "8", "--batch-sizes", "1,2", "--measure-cost", "--quiet",
-           "--out", str(tmp_path / "bench")]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_bench_prints_one_table_for_batch_sizes_and_a_measured_curve(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NGRAMSPEC_CACHE", str(tmp_path / "cache"))
+    code, stdout, err = eval_main(["bench", "--model", str(tiny_model_dir), "--tasks", "jfleg,quixbugs", "--limit", "2",
+                                   "--max-new-tokens", "8", "--batch-sizes", "1,2", "--measure-cost", "--quiet",
+                                   "--out", str(tmp_path / "bench")], capsys)
+    assert code == 0, err[-3000:]
     result = json.loads((tmp_path / "bench" / "bench.json").read_text())
     rows = {(r["batch_size"], r["group"], r["method"]): r for r in result["rows"]}
     assert {m for b, g, m in rows if b == 1} == {"greedy", "hf-pld", "ngramspec"}
@@ -262,27 +274,27 @@ def test_bench_prints_one_table_for_batch_sizes_and_a_measured_curve(tiny_model_
     for batch in (1, 2):
         overall = rows[(batch, "overall", "ngramspec")]
         assert overall["items"] == 4 and overall["identical"] == 1.0 and overall["mat"] >= 1.0
-    assert rows[(2, "overall", "ngramspec")]["x_hf_pld"] is None and "| 2 | overall | ngramspec |" in done.stdout
+    assert rows[(2, "overall", "ngramspec")]["x_hf_pld"] is None and "| 2 | overall | ngramspec |" in stdout
     assert set(result["drafter_us_per_step"]) == {"1000", "16000", "128000"}
     q, cost = result["verify_costs"]["float32"][1]  # the measured curve sized ngramspec's drafts
     assert q == 2 and f"(2, {cost})" in result["settings"]
 
 
 @needs_data
-def test_bench_long_prompts_decode_phase_and_settings_side_by_side(tiny_model_dir, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NGRAMSPEC_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "eval", "bench", "--model", str(tiny_model_dir), "--tasks", "quixbugs,jfleg",
-           "--limit", "2", "--max-new-tokens", "8", "--min-prompt-tokens", "400", "--quiet",
-           "--methods", "greedy,ngramspec,ngramspec:verify_cost=1:1.0,8:1.5", "--out", str(tmp_path / "bench")]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_bench_long_prompts_decode_phase_and_settings_side_by_side(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NGRAMSPEC_CACHE", str(tmp_path / "cache"))
+    methods = "greedy,ngramspec,ngramspec:verify_cost=1:1.0,8:1.5"
+    code, stdout, err = eval_main(["bench", "--model", str(tiny_model_dir), "--tasks", "quixbugs,jfleg", "--limit", "2",
+                                   "--max-new-tokens", "8", "--min-prompt-tokens", "400", "--quiet", "--methods",
+                                   methods, "--out", str(tmp_path / "bench")], capsys)
+    assert code == 0, err[-3000:]
     rows = {(r["group"], r["method"]): r for r in json.loads((tmp_path / "bench" / "bench.json").read_text())["rows"]}
     assert {m for _, m in rows} == {"greedy", "ngramspec", "ngramspec:verify_cost=1:1.0,8:1.5"}
     assert rows[("overall", "greedy")]["items"] == 2  # only quixbugs files reach 400 prompt tokens
     for name in ("ngramspec", "ngramspec:verify_cost=1:1.0,8:1.5"):
         row = rows[("overall", name)]
         assert row["decode_tok_s"] > row["tok_s"] and row["min_item_x_greedy"] <= row["x_greedy"] + 1e-9
-    assert "decode-phase x greedy" in done.stdout
+    assert "decode-phase x greedy" in stdout
 
 
 @pytest.mark.parametrize("module, argv", [("eval.vllm_bench", ["--concurrency", "1,x"]),

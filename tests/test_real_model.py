@@ -1,11 +1,18 @@
 """Exactness on the real default model (SmolLM2-135M-Instruct, fp32, CPU) over 20 shared items.
 
-ngramspec greedy output must equal plain greedy ``generate`` token for token, exactly. On a CPU
-in fp32 a forward over k+1 tokens and k+1 one-token forwards differ by ~1e-5 in the logits, so
-a genuine near-tie (top two logits closer than that) could flip a token; none occurs on these
-items and settings, so any difference fails. The failure message gives the position, both
-tokens and the plain model's logit gap there: a gap of ~1e-5 means such a tie (choose other
-items), anything larger a bug.
+ngramspec greedy output must equal plain greedy ``generate`` token for token, exactly.
+
+How equality is established cheaply: plain greedy decoding picks, at every position, the top
+logit of a one-token forward over the cached prefix. One forward over prompt + ngramspec's
+output gives the logits of every position at once; on a CPU in fp32 they differ from the
+cached one-token logits by up to ~1e-4 (``test_one_forward_agrees_with_cached_decoding``
+measures the gap on a long prompt in every run and requires it below MARGIN / 10). So where every new
+token is that forward's top logit, leading the runner-up by at least MARGIN, and the output
+ends where plain decoding ends (an end-of-sequence token last and nowhere earlier, or
+max_new_tokens), plain greedy ``generate`` produces exactly these tokens: the output is
+*certified*. Any position that is not certified, a near-tie or a mismatch, falls back to
+running plain greedy ``generate`` and comparing token for token, and a difference fails with
+the position, both tokens and the plain model's logit gap there.
 """
 
 import pytest
@@ -16,9 +23,10 @@ from ngramspec import NgramSpeculator, load_model
 
 from conftest import plain_generate
 
-MAX_NEW_TOKENS = 128
-# 20 items: 7 rewriting, 7 code editing, 6 summarization (first items of each set; the
-# 100-item benchmarks in eval/results/ compare every output with greedy as well).
+MAX_NEW_TOKENS = 96
+MARGIN = 1e-2  # logit lead that certifies a greedy choice (the gap measured at 2.4k tokens: 6e-5)
+# 20 items: 7 rewriting, 7 code editing, 6 summarization, the first of each set (qmsum's is a
+# 2.4k-token prompt; the 100-item benchmarks in eval/results/ compare every output with greedy).
 ITEMS = {
     "jfleg": 2, "asset": 2, "iterater_human": 3,
     "humanevalfix": 3, "quixbugs": 2, "editeval_instructcoder": 2,
@@ -34,10 +42,41 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def default_model():
     torch.manual_seed(0)
     return load_model()
+
+
+def item_prompt(tokenizer, name: str, index: int) -> list[int]:
+    return tasks.prompt_ids(tokenizer, tasks.load_items(name, limit=index + 1)[index])
+
+
+def plain_tokens_needed(model, prompt: list[int], new: list[int], max_new_tokens: int) -> int:
+    """How many leading tokens of ``new`` a plain greedy run must confirm: 0 when one forward
+    over ``prompt + new`` certifies every position (see the module docstring); else up to the
+    last position it does not certify (a near-tie or a mismatch), as every later position is
+    certified given that prefix; max_new_tokens when where the output ends is not certified."""
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + new[:-1]]), logits_to_keep=len(new)).logits[0].float()
+    top = logits.topk(2, dim=-1)  # values, indices: (len(new), 2)
+    lead = top.values[:, 0] - top.values[:, 1]
+    doubtful = [j for j, token in enumerate(new) if token != int(top.indices[j, 0]) or float(lead[j]) < MARGIN]
+    if any(token in eos for token in new[:-1]) or (len(new) < max_new_tokens and new[-1] not in eos):
+        return max_new_tokens  # plain decoding would stop elsewhere
+    return doubtful[-1] + 1 if doubtful else 0
+
+
+def assert_plain_greedy(model, prompt: list[int], ours: list[int], max_new_tokens: int, what: str) -> int:
+    """``ours`` equals plain greedy ``generate``'s new tokens: certified by one forward, where
+    needed confirmed by a plain greedy run. Returns how many tokens that plain run made."""
+    needed = plain_tokens_needed(model, prompt, ours, max_new_tokens)
+    if needed:
+        plain = plain_generate(model, torch.tensor([prompt]), max_new_tokens=needed, do_sample=False)
+        assert_identical(model, prompt, plain[0, len(prompt) :].tolist(), ours[:needed], what)
+    return needed
 
 
 def assert_identical(model, prompt, plain, ours, what):
@@ -56,31 +95,49 @@ def assert_identical(model, prompt, plain, ours, what):
                          f"plain logit gap {gap:.3g})")
 
 
-def test_greedy_identical_on_shared_items(default_model):
+@pytest.mark.parametrize("name", list(ITEMS))
+def test_greedy_identical_on_shared_items(default_model, name):
+    """Every item of the set (one test per set, so parallel workers share them out), with
+    drafts accepted in the set: the items exercise verification, not only plain steps."""
     model, tokenizer = default_model
     spec = NgramSpeculator()
-    accepted, total_new, forwards = 0, 0, 0
-    for name, count in ITEMS.items():
-        for item in tasks.load_items(name, limit=count):
-            prompt = tasks.prompt_ids(tokenizer, item)
-            ids = torch.tensor([prompt])
-            plain = plain_generate(model, ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
-            plain = plain[0, len(prompt) :].tolist()
-            ours = model.generate(ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, ngram_speculator=spec)
-            ours = ours[0, len(prompt) :].tolist()
-            accepted += spec.last_stats.accepted_tokens
-            total_new += spec.last_stats.new_tokens
-            forwards += spec.last_stats.target_forwards
-            assert_identical(model, prompt, plain, ours, f"{name}/{item['id']}")
-    assert accepted > 200, "drafts were barely used: the test would not exercise verification"
-    print(f"\nreal model: {sum(ITEMS.values())} items, {total_new} tokens, MAT {total_new / forwards:.2f}")
+    accepted = 0
+    for index in range(ITEMS[name]):
+        prompt = item_prompt(tokenizer, name, index)
+        ours = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                              ngram_speculator=spec)[0, len(prompt) :].tolist()
+        confirmed = assert_plain_greedy(model, prompt, ours, MAX_NEW_TOKENS, f"{name}/{index}")
+        stats = spec.last_stats
+        accepted += stats.accepted_tokens
+        print(f"\n{name}/{index}: {len(prompt)}-token prompt, {stats.new_tokens} new tokens ({confirmed} also by a "
+              f"plain run), {stats.accepted_tokens} accepted, MAT {stats.new_tokens / stats.target_forwards:.2f}")
+    assert accepted > 0, f"no draft token of {name} was accepted: the set would not exercise verification"
+
+
+def test_one_forward_agrees_with_cached_decoding(default_model):
+    """The certificate's premise, checked where it is used: on the longest prompt of ITEMS, the
+    logits of one forward over prompt + output differ from plain decoding's cached one-token
+    logits by less than MARGIN / 10 at every position."""
+    model, tokenizer = default_model
+    prompt = item_prompt(tokenizer, "qmsum_specific", 0)
+    plain = plain_generate(model, torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                           return_dict_in_generate=True, output_logits=True)
+    new = plain.sequences[0, len(prompt) :].tolist()
+    cached = torch.cat(plain.logits).float()  # (new tokens, vocab)
+    with torch.no_grad():
+        one = model(torch.tensor([prompt + new[:-1]]), logits_to_keep=len(new)).logits[0].float()
+    gap = float((one - cached).abs().max())
+    print(f"\none forward vs cached decoding, {len(prompt)}-token prompt: max logit gap {gap:.2g}")
+    assert len(prompt) > 1000 and gap < MARGIN / 10
 
 
 def test_stop_string_inside_accepted_draft(default_model):
     model, tokenizer = default_model
-    item = tasks.load_items("quixbugs", limit=1)[0]
-    ids = torch.tensor([tasks.prompt_ids(tokenizer, item)])
-    full = plain_generate(model, ids, max_new_tokens=96, do_sample=False)[0, ids.shape[1] :]
+    prompt = item_prompt(tokenizer, "quixbugs", 0)
+    ids = torch.tensor([prompt])
+    full = model.generate(ids, max_new_tokens=96, do_sample=False, ngram_speculator=NgramSpeculator())
+    full = full[0, len(prompt) :].tolist()
+    assert_plain_greedy(model, prompt, full, 96, "quixbugs without a stop string")
     text = tokenizer.decode(full)
     stop = text[len(text) // 2 : len(text) // 2 + 5]  # a string that first ends mid-output
     assert stop.strip(), "pick a non-blank stop string"
@@ -144,10 +201,12 @@ def test_batch_with_stop_strings_equals_plain_batch(default_model):
     assert sum(s.accepted_tokens for s in spec.last_row_stats) > 20
 
 
-def test_token_trees_equal_plain_greedy(default_model):
+@pytest.mark.parametrize("names", [("jfleg", "asset", "quixbugs", "humanevalfix"), ("xsum", "dialogsum")])
+def test_token_trees_equal_plain_greedy(default_model, monkeypatch, names):
     """Token trees (3 candidate continuations per pass, a 4D mask and explicit positions,
-    the cache compacted to the accepted path) on 6 shared items x 96 tokens: identical to
-    plain greedy (exactly, as above)."""
+    the cache compacted to the accepted path) on 6 shared items x 96 tokens, in two groups
+    that each accept a path off the first branch: identical to plain greedy (certified or
+    compared, as above)."""
     from ngramspec.hf import HFTarget
 
     model, tokenizer = default_model
@@ -158,16 +217,13 @@ def test_token_trees_equal_plain_greedy(default_model):
         paths.append(columns)
         return original(self, rows, columns)
 
-    HFTarget.gather = recording
-    for name in ("jfleg", "asset", "quixbugs", "humanevalfix", "xsum", "dialogsum"):
-        item = tasks.load_items(name, limit=1)[0]
-        prompt = tasks.prompt_ids(tokenizer, item)
-        ids = torch.tensor([prompt])
-        plain = plain_generate(model, ids, max_new_tokens=96, do_sample=False)[0, len(prompt) :].tolist()
-        ours = model.generate(ids, max_new_tokens=96, do_sample=False, ngram_speculator=spec)[0, len(prompt) :].tolist()
-        assert_identical(model, prompt, plain, ours, f"tree decoding of {name}")
+    monkeypatch.setattr(HFTarget, "gather", recording)
+    for name in names:
+        prompt = item_prompt(tokenizer, name, 0)
+        ours = model.generate(torch.tensor([prompt]), max_new_tokens=96, do_sample=False,
+                              ngram_speculator=spec)[0, len(prompt) :].tolist()
+        assert_plain_greedy(model, prompt, ours, 96, f"tree decoding of {name}")
         tree_steps += spec.last_stats.steps_with_draft
-    HFTarget.gather = original
-    assert tree_steps > 30
+    assert tree_steps > 15
     print(f"\ntrees: {tree_steps} drafted steps, {len(paths)} accepted a non-first branch")
     assert paths, "no step accepted a path off the first branch: compaction untested here"
