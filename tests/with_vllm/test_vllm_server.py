@@ -1,5 +1,7 @@
-"""A real `vllm serve` with ngramspec as its drafter, queried over HTTP with the openai client:
-greedy chat answers equal those of a server without speculation (both on CPU, loopback only)."""
+"""A real `vllm serve` with ngramspec as its drafter, queried over HTTP with the openai client
+(CPU, loopback only): its greedy chat answers, asked all at once, equal those of the same engine
+without speculation (vLLM's offline chat on the plain engine the exactness tests start: the
+same chat template and settings a plain server applies)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,10 @@ from pathlib import Path
 
 import pytest
 
-import tasks
-
-from vllm_helpers import NGRAMSPEC
+from vllm_helpers import CHAT_MAX_TOKENS, NGRAMSPEC, chat_questions, engine_outputs
 from vllm_helpers import model_dir as default_model_folder
 
 STARTUP_SECONDS = 240
-QUESTIONS = 6
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +74,21 @@ def vllm_server(model_dir: str, log: Path, speculative_config=None):
 
 
 def ask_all(client) -> list[str]:
-    answers = []
-    for name in ("xsum", "jfleg", "humanevalfix", "iterater_human", "quixbugs", "asset")[:QUESTIONS]:
-        item = tasks.load_items(name, limit=1)[0]
-        reply = client.chat.completions.create(
-            model="default", messages=tasks.messages(item), temperature=0, max_tokens=96, seed=0,
-        )
-        answers.append(reply.choices[0].message.content)
-    return answers
+    """Every question at once (a batch on the server), answers in question order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(messages):
+        reply = client.chat.completions.create(model="default", messages=messages, temperature=0,
+                                               max_tokens=CHAT_MAX_TOKENS, seed=0)
+        return reply.choices[0].message.content
+
+    questions = chat_questions()
+    with ThreadPoolExecutor(len(questions)) as pool:
+        return list(pool.map(ask, questions))
 
 
-def test_server_answers_equal_a_server_without_speculation(model_dir, tmp_path):
-    with vllm_server(model_dir, tmp_path / "plain.log") as client:
-        plain = ask_all(client)
+def test_server_answers_equal_the_engine_without_speculation(model_dir, tmp_path):
+    plain = engine_outputs(speculative=False)["chat"]
     with vllm_server(model_dir, tmp_path / "ngramspec.log", NGRAMSPEC) as client:
         speculative = ask_all(client)
         metrics = client.with_options(max_retries=0)._client.get(str(client.base_url).replace("/v1/", "/metrics")).text
@@ -95,5 +96,5 @@ def test_server_answers_equal_a_server_without_speculation(model_dir, tmp_path):
     accepted = sum(float(line.split()[-1]) for line in metrics.splitlines()
                    if line.startswith("vllm:spec_decode_num_accepted_tokens_total"))
     assert accepted > 20, "the server ran, but no draft was accepted"
-    assert all(plain) and len(plain) == QUESTIONS
+    assert all(plain) and len(plain) == len(chat_questions())
     assert speculative == plain
