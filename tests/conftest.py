@@ -98,10 +98,11 @@ def tiny_model_dir(tmp_path_factory):
     model-sized nothing (for end-to-end runs of the harness and the CLI)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from ngramspec.models import default_model_dir
+    from ngramspec.models import default_gguf_path
 
     folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    gguf = default_gguf_path()  # the tokenizer alone: no wait for the model's first conversion
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,

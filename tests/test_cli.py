@@ -109,7 +109,8 @@ def test_in_place_keeps_a_backup_and_stdin_works(tiny_model_dir, tmp_path, cache
         (["rewrite", "{file}", "--instruction", "x"], b"\xff\xfe\xfa not utf8", "not UTF-8"),
         (["rewrite", "{file}", "--instruction", "x"], b"  \n\n ", "is empty"),
         (["rewrite", "{file}", "--instruction", "   "], b"text", "instruction is empty"),
-        (["rewrite", "{file}", "--instruction", "x", "--model", "no-such/model-xyz"], b"text", "cannot load model"),
+        pytest.param(["rewrite", "{file}", "--instruction", "x", "--model", "no-such/model-xyz"], b"text",
+                     "cannot load model", marks=pytest.mark.slow),  # a subprocess
         (["rewrite", "{file}", "--instruction", "x", "-o", "{file}"], b"text", "would overwrite the input"),
         (["rewrite", "{file}", "--instruction", "x", "--max-draft-tokens", "0"], b"text", "speculator setting"),
         (["rewrite", "{file}", "--instruction", "x", "--chunk-tokens", "31"], b"text",
@@ -162,13 +163,14 @@ def test_missing_instruction_is_a_usage_error(monkeypatch, capsys, cache_env):
     assert code == 2 and "--instruction" in err
 
 
+@pytest.mark.slow
 def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir, tmp_path, cache_env):
     paragraphs = [f"Paragraph number {i} has a few words in it." for i in range(40)]
     source = tmp_path / "long.txt"
     source.write_text("\n\n".join(paragraphs) + "\n")
     out = tmp_path / "long.out.txt"
     args = ["rewrite", str(source), "--instruction", "Fix.", "-o", str(out), "--model", str(tiny_model_dir),
-            "--max-new-tokens", "150", "--chunk-tokens", "32", "--quiet", "--stats"]
+            "--max-new-tokens", "60", "--chunk-tokens", "32", "--quiet", "--stats"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **cache_env}
     # SIGINT as Ctrl-C sends it; restored to the default in the child, because a test run started
     # as a background job inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored.
@@ -216,6 +218,7 @@ def _write_documents(folder: Path) -> list[str]:
     return [str(folder / name) for name in DOCUMENTS]
 
 
+@pytest.mark.slow
 def test_many_documents_sharded_over_two_processes_equal_one_process(tiny_model_dir, tmp_path, cache_env, monkeypatch,
                                                                      capsys):
     """`accelerate launch` with 2 CPU processes splits the documents and merges the stats; every

@@ -202,6 +202,7 @@ def test_trace_then_replay_cli(tiny_model_dir, tmp_path, capsys):
     assert "| overall | hf-rule | 2 |" in out and "| overall | ngramspec | 2 |" in out
 
 
+@pytest.mark.slow
 @needs_data
 def test_accelerate_launch_two_cpu_processes(tiny_model_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

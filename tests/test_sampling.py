@@ -120,6 +120,7 @@ def draw(model, kwargs, speculative, n=N, seed=0):
     return counts, accepted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_speculative_sampling_matches_the_exact_distribution(model, setting):
     kwargs, warpers = SETTINGS[setting]
@@ -131,6 +132,7 @@ def test_speculative_sampling_matches_the_exact_distribution(model, setting):
     assert p > ALPHA
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["top_p", "user_processor"])
 def test_all_positions_at_once_samples_the_exact_distribution(model, setting, monkeypatch):
     """The accelerator way (every draft position sampled at once, one sync), forced on CPU,
@@ -148,10 +150,12 @@ def test_all_positions_at_once_samples_the_exact_distribution(model, setting, mo
     assert p > ALPHA
 
 
+@pytest.mark.slow
 def test_plain_sampling_matches_the_exact_distribution(model):
-    """Checks the exact computation (and the warper order) against transformers itself."""
+    """Checks the exact computation (and the warper order) against transformers itself: N rows
+    of one plain sampling call (rows are sampled independently, so that is N draws)."""
     kwargs, warpers = SETTINGS["top_p"]
-    counts, _ = draw(model, kwargs, speculative=False, n=N)
+    counts, _ = draw_batched(model, kwargs, speculative=False, n=N)
     assert chi_square_p(counts, exact_distribution(model, warpers), N) > ALPHA
 
 
@@ -218,6 +222,7 @@ def two_sample_p(counts_a: dict, counts_b: dict, exact: dict, n: int) -> float:
     return float(stats.chi2_contingency(np.array(table).T).pvalue)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_batched_speculative_sampling_matches_plain_sampling(model, setting, verify_mode):
     """Plain sampling vs speculative sampling, each N = 3000 rows of one batch: homogeneity
