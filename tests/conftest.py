@@ -84,6 +84,18 @@ def verify_mode(request, monkeypatch):
     return request.param
 
 
+def call_main(main, args: list[str], capsys) -> tuple[int, str, str]:
+    """A command's ``main(args)`` run in this process: (exit code, stdout, stderr). argparse's
+    usage errors raise SystemExit; an unexpected exception fails the test as a traceback would."""
+    capsys.readouterr()
+    try:
+        code = main(args)
+    except SystemExit as exit_:
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 def plain_generate(model, ids, **kwargs):
     """transformers' own generate, bypassing the ngramspec wrapper entirely."""
     from transformers import GenerationMixin

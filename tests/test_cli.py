@@ -18,6 +18,7 @@ from ngramspec.chunking import join_chunks, split_document
 from ngramspec.documents import DocumentJob, clean_output
 from ngramspec.files import read_jsonl
 
+from conftest import call_main
 from test_chunking import DOCUMENT  # a Markdown document with every structure chunking keeps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,13 +41,7 @@ def run_main(args, monkeypatch, capsys, cache_env, stdin: bytes = b"") -> tuple[
 
     monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-    capsys.readouterr()
-    try:
-        code = cli_module.main(args)
-    except SystemExit as exit_:  # argparse's usage errors
-        code = exit_.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return call_main(cli_module.main, args, capsys)
 
 
 def test_clean_output_unwraps_a_fence_the_source_did_not_have():

@@ -17,6 +17,8 @@ from eval.replay import replay_all
 from ngramspec.costs import STEEP_CPU_CURVE
 from ngramspec.replay import ForwardCost
 
+from conftest import call_main
+
 REPO = Path(__file__).resolve().parent.parent
 HAVE_DATA = (tasks.default_data_dir() / "jfleg").is_dir()
 
@@ -26,13 +28,7 @@ def eval_main(args: list[str], capsys) -> tuple[int, str, str]:
     (exit code, stdout, stderr)."""
     from eval.__main__ import main
 
-    capsys.readouterr()
-    try:
-        code = main(args)
-    except SystemExit as exit_:  # argparse's usage errors
-        code = exit_.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return call_main(main, args, capsys)
 
 
 def test_hf_rule_takes_the_leftmost_match():

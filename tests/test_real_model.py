@@ -52,6 +52,12 @@ def item_prompt(tokenizer, name: str, index: int) -> list[int]:
     return tasks.prompt_ids(tokenizer, tasks.load_items(name, limit=index + 1)[index])
 
 
+def one_forward_logits(model, prompt: list[int], new: list[int]) -> torch.Tensor:
+    """Logits (len(new), V) that predict each token of ``new``, from one forward over prompt + new."""
+    with torch.no_grad():
+        return model(torch.tensor([prompt + new[:-1]]), logits_to_keep=len(new)).logits[0].float()
+
+
 def plain_tokens_needed(model, prompt: list[int], new: list[int], max_new_tokens: int) -> int:
     """How many leading tokens of ``new`` a plain greedy run must confirm: 0 when one forward
     over ``prompt + new`` certifies every position (see the module docstring); else up to the
@@ -59,9 +65,7 @@ def plain_tokens_needed(model, prompt: list[int], new: list[int], max_new_tokens
     certified given that prefix; max_new_tokens when where the output ends is not certified."""
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + new[:-1]]), logits_to_keep=len(new)).logits[0].float()
-    top = logits.topk(2, dim=-1)  # values, indices: (len(new), 2)
+    top = one_forward_logits(model, prompt, new).topk(2, dim=-1)  # values, indices: (len(new), 2)
     lead = top.values[:, 0] - top.values[:, 1]
     doubtful = [j for j, token in enumerate(new) if token != int(top.indices[j, 0]) or float(lead[j]) < MARGIN]
     if any(token in eos for token in new[:-1]) or (len(new) < max_new_tokens and new[-1] not in eos):
@@ -124,9 +128,7 @@ def test_one_forward_agrees_with_cached_decoding(default_model):
                            return_dict_in_generate=True, output_logits=True)
     new = plain.sequences[0, len(prompt) :].tolist()
     cached = torch.cat(plain.logits).float()  # (new tokens, vocab)
-    with torch.no_grad():
-        one = model(torch.tensor([prompt + new[:-1]]), logits_to_keep=len(new)).logits[0].float()
-    gap = float((one - cached).abs().max())
+    gap = float((one_forward_logits(model, prompt, new) - cached).abs().max())
     print(f"\none forward vs cached decoding, {len(prompt)}-token prompt: max logit gap {gap:.2g}")
     assert len(prompt) > 1000 and gap < MARGIN / 10
 
