@@ -1,4 +1,5 @@
-"""Exactness of ngramspec inside vLLM (CPU build, default model, fp32).
+"""Exactness of ngramspec inside vLLM (CPU build, default model, fp32): ngramspec drafting in a
+`vllm serve` against the same engine without speculation (offline).
 
 Greedy: 30 shared items (3 per set, all ten sets), up to 64 new tokens, all at once in one
 batch, token-identical to the same engine without speculation; with ngramspec the first item

