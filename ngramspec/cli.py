@@ -21,28 +21,41 @@ CPU, each with cores / processes torch threads).
 Safety: the input is never overwritten unless --in-place, which writes atomically and keeps a
 .bak copy. Output files are written atomically at the end, so an interrupted run leaves the
 input untouched and no half-written output; finished chunks are saved as they complete, and
---resume continues from them (with many documents, finished documents are skipped).
+--resume continues from them (with many documents, finished documents are skipped). An output
+that is a symlink keeps being one (its target is replaced); a device, FIFO or /dev/stdout is
+written through. A run locks its output files (.NAME.lock beside each): a second run on the same
+output stops at once (exit 2). A failed write (disk full) exits 1 and leaves the old file whole.
+
+Fidelity: the model sees LF line breaks and no byte-order mark; the output gets the input's
+back (CRLF, BOM), and a rewrite keeps the input's trailing newline, or its absence.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from .documents import CHUNK_TOKENS, MIN_CHUNK_TOKENS, SUMMARIZE_INSTRUCTION, SUMMARY_TOKENS
-from .files import RecordLog, write_atomic
+from .files import RecordLog, apply_style, exclusive_lock, split_style, write_output, write_target
 from .jobs import start_processes
 
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 
 class CliError(Exception):
     """A problem with the user's input: printed as one line, exit code 2, no traceback."""
+
+
+class WriteError(Exception):
+    """An output that could not be written (disk full, no permission): one line, exit code 1."""
 
 
 def _config_options(parser: argparse.ArgumentParser) -> None:
@@ -68,9 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ngramspec", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{rewrite,summarize}")
-    for name, help_text in (("rewrite", "rewrite a document following an instruction"),
-                            ("summarize", "summarize a document")):
-        p = sub.add_parser(name, help=help_text, description=help_text + ".",
+    for name, help_text, more in (("rewrite", "rewrite a document following an instruction", ""),
+                                  ("summarize", "summarize a document",
+                                   " A summary is meant to differ from its text: it has no drift guard "
+                                   "(rewrite's --keep-drifted) and no --diff.")):
+        p = sub.add_parser(name, help=help_text, description=help_text + "." + more,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         p.add_argument("inputs", nargs="+", metavar="INPUT",
                        help="text, Markdown or code file(s); '-' reads stdin (one input only)")
@@ -83,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "rewrite":
             p.add_argument("--in-place", action="store_true",
                            help="replace INPUT with the result (atomically; the original is kept as INPUT.bak)")
+            p.add_argument("--diff", action="store_true",
+                           help="print a unified diff of each INPUT against its rewrite to stdout and write "
+                                "nothing (both headers name INPUT, so `patch -p0 < DIFF` applies it)")
+            p.add_argument("--keep-drifted", type=float, default=None, metavar="BELOW",
+                           help="drift guard: keep a chunk as it was when its rewrite's similarity to it "
+                                "(0-1, as --stats reports it) is below BELOW, e.g. 0.5, with a line on stderr "
+                                "per kept chunk; a small model sometimes answers with something unrelated")
         p.add_argument("--model", default="default",
                        help="'default' (SmolLM2-135M-Instruct), a local model folder or a hub id")
         p.add_argument("--max-new-tokens", type=int, default=None,
@@ -95,10 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sample)")
         p.add_argument("--seed", type=int, default=None, help="random seed (with --sample)")
         p.add_argument("--resume", action="store_true", help="continue an interrupted run from its finished chunks")
-        p.add_argument("--quiet", action="store_true", help="no streaming and no progress bar")
+        p.add_argument("--quiet", action="store_true",
+                       help="no streaming and no progress bars (nor transformers' while the model loads)")
         p.add_argument("--stats", action="store_true",
-                       help="print a final JSON line of stats to stderr "
-                            "(time, tokens, forwards, MAT, speed-up estimate)")
+                       help="print a final JSON line of stats to stderr (time, tokens, forwards, MAT, "
+                            "speed-up estimate, minimum and mean similarity of rewritten chunks to their source)")
         p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
         _config_options(p)
     return parser
@@ -153,7 +176,12 @@ class ResumeState:
 def _check_args(args) -> None:
     if args.instruction is not None and not args.instruction.strip():
         raise CliError("the instruction is empty; say what to do, e.g. --instruction \"Fix the grammar.\"")
-    inputs, in_place = args.inputs, getattr(args, "in_place", False)
+    inputs, in_place, diff = args.inputs, getattr(args, "in_place", False), getattr(args, "diff", False)
+    if diff and (args.output is not None or args.out_dir is not None or in_place):
+        raise CliError("--diff prints to stdout and writes nothing; drop -o/--output, --out-dir and --in-place")
+    keep = getattr(args, "keep_drifted", None)
+    if keep is not None and not 0.0 <= keep <= 1.0:
+        raise CliError("--keep-drifted takes a similarity between 0 and 1, e.g. 0.5")
     if len(set(inputs)) != len(inputs):
         raise CliError("an input is given twice")
     if "-" in inputs and len(inputs) > 1:
@@ -164,8 +192,8 @@ def _check_args(args) -> None:
         raise CliError("--in-place needs a file, not stdin")
     if len(inputs) > 1 and args.output is not None:
         raise CliError("-o/--output takes one input; with several, use --out-dir DIR or --in-place")
-    if len(inputs) > 1 and args.out_dir is None and not in_place:
-        raise CliError("several inputs need --out-dir DIR (one output per input) or --in-place")
+    if len(inputs) > 1 and args.out_dir is None and not in_place and not diff:
+        raise CliError("several inputs need --out-dir DIR (one output per input), --in-place or --diff")
     if args.output is not None and inputs[0] != "-" and Path(args.output).resolve() == Path(inputs[0]).resolve():
         raise CliError("the output would overwrite the input; pass --in-place to replace it (a .bak is kept)")
     if args.output is not None and not Path(args.output).resolve().parent.is_dir():
@@ -202,7 +230,7 @@ def shard_by_size(sizes: list[int], processes: int) -> list[list[int]]:
 
 
 def _output_path(args, path: str) -> Path | None:
-    """Where the result for input ``path`` goes (None: stdout)."""
+    """Where the result for input ``path`` goes (None: stdout, or a --diff)."""
     if getattr(args, "in_place", False):
         return Path(path)
     if args.out_dir is not None:
@@ -230,14 +258,62 @@ def _finished_in_place(args, path: str, text: str, config) -> ResumeState | None
     backup = Path(path + ".bak")
     if not (getattr(args, "in_place", False) and args.resume and backup.is_file()):
         return None
-    original = backup.read_text(encoding="utf-8")
+    original = split_style(backup.read_bytes().decode("utf-8"))[0]
     state = _resume_state(args, original, _kind(args, path, original), config)
-    return state if state.load().get(-1) == hashlib.sha256(text.encode()).hexdigest() else None
+    return state if state.load().get(-1) == _digest(text) else None
 
 
-def _process(args, job, path: str, text: str, config, bar, stream: bool) -> ResumeState:
-    """Rewrite or summarize one document and write its output; returns its resume state
-    (cleared by the caller once the whole run is done)."""
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _lock_output(args, path: str, locks: contextlib.ExitStack) -> None:
+    """Hold the lock of input ``path``'s output file until ``locks`` closes. Outputs written
+    through (stdout, devices) are written once, in one go, and take none."""
+    output = _output_path(args, path)
+    target = None if output is None else write_target(output)
+    if target is None:
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        locks.enter_context(exclusive_lock(target.parent / f".{target.name}.lock"))
+    except BlockingIOError:
+        raise CliError(f"another ngramspec run is writing {output}; wait for it to end, then rerun") from None
+    except OSError as err:
+        raise WriteError(f"cannot write {output}: {err.strerror or err}") from None
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        write_output(path, text)
+    except OSError as err:
+        raise WriteError(f"cannot write {path}: {err.strerror or err}") from None
+
+
+def _print(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as err:
+        raise WriteError(f"cannot write to stdout: {err.strerror or err}") from None
+
+
+def _diff(old: str, new: str, name: str) -> str:
+    """A unified diff of ``old`` to ``new``, both headed ``name``; a last line without a line
+    break gets diff's "No newline at end of file" marker, so the diff still applies."""
+    lines = difflib.unified_diff(_lines(old), _lines(new), name, name)
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines split at LF only (str.splitlines also splits at form feeds and other breaks)."""
+    return re.findall(r"[^\n]*\n|[^\n]+\Z", text)
+
+
+def _process(args, job, path: str, raw: str, config, bar, stream: bool) -> ResumeState:
+    """Rewrite or summarize one document (``raw``: as read) and write its output; returns its
+    resume state (cleared by the caller once the whole run is done)."""
+    text, style = split_style(raw)
     kind = _kind(args, path, text)
     state = _resume_state(args, text, kind, config)
     done = state.load() if args.resume else {}
@@ -257,22 +333,26 @@ def _process(args, job, path: str, text: str, config, bar, stream: bool) -> Resu
             bar.set_postfix(tok_s=f"{stats.new_tokens / stats.seconds:.1f}", mat=f"{stats.mat:.2f}")
 
     if args.command == "rewrite":
-        result = job.rewrite(text, args.instruction, kind, done=done, on_chunk=on_chunk)
+        result = job.rewrite(text, args.instruction, kind, done=done, on_chunk=on_chunk, keep_below=args.keep_drifted)
     else:
         result = job.summarize(text, args.instruction, kind, done=done, on_chunk=on_chunk)
+    for index, score in job.stats.kept:
+        print(f"ngramspec {args.command}: {path}: chunk {index} kept as it was, its rewrite drifted "
+              f"(similarity {score:.3f} < {args.keep_drifted})", file=sys.stderr)
 
-    if getattr(args, "in_place", False):
-        write_atomic(Path(path + ".bak"), text)
-        state.save(-1, hashlib.sha256(result.encode()).hexdigest())  # marks it done for --resume
-        write_atomic(Path(path), result)
+    result = apply_style(result, style)
+    if getattr(args, "diff", False):
+        _print(_diff(raw, result, path))
+    elif getattr(args, "in_place", False):
+        _write(Path(path + ".bak"), raw)
+        state.save(-1, _digest(split_style(result)[0]))  # marks it done for --resume (which reads it back)
+        _write(Path(path), result)
     elif output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(output, result)
+        _write(output, result)
     elif not stream:
-        sys.stdout.write(result)
-        sys.stdout.flush()
+        _print(result)
     else:
-        sys.stdout.write("\n" if not result.endswith("\n") else "")
+        _print("\n" if not result.endswith("\n") else "")
     return state
 
 
@@ -294,7 +374,8 @@ def _document_job(args, config, device: str | None, stream: bool):
     from .speculator import NgramSpeculator
 
     try:
-        model, tokenizer = load_model(args.model, device=device)
+        with _transformers_quiet(args.quiet):
+            model, tokenizer = load_model(args.model, device=device)
     except (ModelNotFoundError, OSError, ValueError) as err:
         raise CliError(f"cannot load model {args.model!r}: {str(err).splitlines()[0]}") from None
     streamer_factory = None
@@ -307,14 +388,35 @@ def _document_job(args, config, device: str | None, stream: bool):
                        temperature=args.temperature, seed=args.seed, streamer_factory=streamer_factory)
 
 
-def _process_share(args, job, texts: list[str], config, processes, stream: bool) -> tuple[list, list]:
-    """This process's share of the documents, each processed and written: (its stats records,
-    the resume states to clear once every process is done)."""
+@contextlib.contextmanager
+def _transformers_quiet(quiet: bool):
+    """With ``quiet``, transformers' progress bars ("Loading weights") and warnings are off for
+    the block, then as they were (main() runs in-process too, in tests)."""
+    from transformers.utils import logging
+
+    if not quiet:
+        yield
+        return
+    bars, verbosity = logging.is_progress_bar_enabled(), logging.get_verbosity()
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _process_share(args, job, raws: list[str], mine: list[int], config, processes,
+                   stream: bool) -> tuple[list, list]:
+    """This process's share ``mine`` of the documents, each processed and written: (its stats
+    records, the resume states to clear once every process is done)."""
     from tqdm import tqdm
 
     from .documents import JobStats
 
-    mine = shard_by_size([len(t) for t in texts], processes.world)[processes.rank]
+    texts = {i: split_style(raws[i])[0] for i in mine}
     finished = {i: _finished_in_place(args, args.inputs[i], texts[i], config) for i in mine}
     states = [resume for resume in finished.values() if resume is not None]  # cleared at the end too
     mine = [i for i in mine if finished[i] is None]
@@ -326,7 +428,7 @@ def _process_share(args, job, texts: list[str], config, processes, stream: bool)
     try:
         for i in mine:
             job.stats = JobStats()  # per document (sampling seeds too, so a split run equals a whole one)
-            states.append(_process(args, job, args.inputs[i], texts[i], config, bar, stream))
+            states.append(_process(args, job, args.inputs[i], raws[i], config, bar, stream))
             records.append({"input": args.inputs[i], "process": processes.rank, **job.stats.as_dict()})
     finally:
         bar.close()
@@ -335,19 +437,24 @@ def _process_share(args, job, texts: list[str], config, processes, stream: bool)
 
 def run(args) -> int:
     _check_args(args)
-    texts = [read_input(path) for path in args.inputs]  # every input checked before the model loads
+    raws = [read_input(path) for path in args.inputs]  # every input checked before the model loads
     config = _speculator_config(args)
     # Several documents, or a launch over processes: accelerate shares them out. One document
     # needs no process group (and is the only case that streams to the terminal).
     many = len(args.inputs) > 1 or args.out_dir is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
     processes = start_processes(args.threads, distributed=many)
-    stream = not many and not args.quiet and sys.stdout.isatty() and _output_path(args, args.inputs[0]) is None
-    job = _document_job(args, config, processes.device, stream)
-    records, states = _process_share(args, job, texts, config, processes, stream)
-    records = processes.gather(records)  # every process's documents, on every process
-    processes.close()
-    for resume in states:
-        resume.clear()
+    mine = shard_by_size([len(t) for t in raws], processes.world)[processes.rank]
+    stream = (not many and not args.quiet and not getattr(args, "diff", False) and sys.stdout.isatty()
+              and _output_path(args, args.inputs[0]) is None)
+    with contextlib.ExitStack() as locks:  # this process's outputs, before the model loads
+        for i in mine:
+            _lock_output(args, args.inputs[i], locks)
+        job = _document_job(args, config, processes.device, stream)
+        records, states = _process_share(args, job, raws, mine, config, processes, stream)
+        records = processes.gather(records)  # every process's documents, on every process
+        processes.close()
+        for resume in states:
+            resume.clear()
     if args.stats and processes.is_main:
         if many:
             for record in sorted(records, key=lambda r: args.inputs.index(r["input"])):
@@ -365,7 +472,10 @@ def _merge(records: list[dict]) -> dict:
     seconds = sum(r["seconds"] for r in records)
     return {"documents": len(records), "processes": len({r["process"] for r in records}),
             "chunks": sum(r["chunks"] for r in records), "new_tokens": tokens, "target_forwards": forwards,
-            "mat": round(tokens / forwards, 3) if forwards else 0.0, "seconds_summed": round(seconds, 3)}
+            "mat": round(tokens / forwards, 3) if forwards else 0.0, "seconds_summed": round(seconds, 3),
+            "similarity_min": min((r["similarity_min"] for r in records if r["similarity_min"] is not None),
+                                  default=None),
+            "kept_chunks": sum(r["kept_chunks"] for r in records)}
 
 
 def main(argv=None) -> int:
@@ -376,6 +486,9 @@ def main(argv=None) -> int:
     except CliError as err:
         print(f"ngramspec {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except WriteError as err:
+        print(f"ngramspec {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         what = ("the input is untouched and no output was written" if len(args.inputs) == 1 else
                 "documents finished so far are written; the others are untouched")

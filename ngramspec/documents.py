@@ -9,6 +9,9 @@ with the instruction (plus, after the first chunk, the end of the previous rewri
 context) and joins the results with the document's own blank lines and indentation. A summary
 summarizes each chunk and then, when there were several, the chunk summaries together.
 ``on_chunk`` callbacks let a caller stream, show progress and save finished chunks (resume).
+Each rewritten chunk's similarity to its source is recorded, and with ``keep_below`` a chunk
+whose rewrite drifted further than that (a small model may answer with something unrelated)
+is kept as it was.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from rapidfuzz import fuzz
 
 from .chunking import Chunk, join_chunks, split_document
 from .metrics import DecodeStats
@@ -42,6 +46,8 @@ class JobStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     per_chunk: list = field(default_factory=list)
+    similarities: list = field(default_factory=list)  # of each rewritten chunk to its source
+    kept: list = field(default_factory=list)  # (chunk index, similarity) of drifted chunks kept as they were
 
     def add(self, stats: DecodeStats, seconds: float, cost: Callable[[int], float] | None) -> None:
         self.chunks += 1
@@ -70,6 +76,9 @@ class JobStats:
             "acceptance_rate": round(self.accepted_tokens / self.drafted_tokens, 3) if self.drafted_tokens else 0.0,
             # plain decoding needs one one-token forward per token; speculation paid verify_cost
             "speedup_estimate": round(self.new_tokens / self.verify_cost, 3) if self.verify_cost else 1.0,
+            "similarity_min": round(min(self.similarities), 3) if self.similarities else None,
+            "similarity_mean": round(sum(self.similarities) / len(self.similarities), 3) if self.similarities else None,
+            "kept_chunks": len(self.kept),
         }
 
 
@@ -141,9 +150,11 @@ class DocumentJob:
 
     # -- whole documents ----------------------------------------------------------------------
     def rewrite(self, document: str, instruction: str, kind: str = "text", done: dict | None = None,
-                on_chunk: Callable[[int, Chunk, str], None] | None = None) -> str:
+                on_chunk: Callable[[int, Chunk, str], None] | None = None, keep_below: float | None = None) -> str:
         """The rewritten document. ``done`` maps chunk index -> text already rewritten (resume);
-        ``on_chunk(i, chunk, text)`` is called after each chunk (including resumed ones)."""
+        ``on_chunk(i, chunk, text)`` is called after each chunk (including resumed ones). A
+        chunk whose rewrite has a :func:`similarity` to its source below ``keep_below`` keeps
+        its source text (listed in ``stats.kept``)."""
         chunks = self.chunks(document, kind)
         bodies: list[str] = []
         for i, chunk in enumerate(chunks):
@@ -155,6 +166,11 @@ class DocumentJob:
                 context = bodies[-1][-CONTEXT_CHARS:] if bodies else ""
                 text = clean_output(self.generate(self.prompt_ids(instruction, chunk.body, context),
                                                   self._budget(chunk.body)), chunk.body)
+                score = similarity(chunk.body, text)
+                self.stats.similarities.append(score)
+                if keep_below is not None and score < keep_below:
+                    self.stats.kept.append((i, score))
+                    text = chunk.body
             bodies.append(text)
             if on_chunk is not None:
                 on_chunk(i, chunk, text)
@@ -180,6 +196,12 @@ class DocumentJob:
         if self.count_tokens(joined) > self.chunk_tokens:  # still too long: summarize again
             return self.summarize(joined, instruction, "text")
         return clean_output(self.generate(self.prompt_ids(instruction, joined), budget), joined) + "\n"
+
+
+def similarity(source: str, text: str) -> float:
+    """How much of ``source`` a rewrite kept, in [0, 1]: rapidfuzz's Indel ratio (1 - edits /
+    total length), 1.0 for identical text."""
+    return fuzz.ratio(source, text) / 100
 
 
 def clean_output(text: str, source: str) -> str:

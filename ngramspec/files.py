@@ -1,6 +1,11 @@
 """Crash-safe files, shared by the CLI and the evaluation harness.
 
     write_atomic(path, text)            # all or nothing: readers never see half a file
+    write_output(path, text)            # the same for files; devices, FIFOs, /dev/stdout written through
+    with exclusive_lock(lock):          # one run per output; a second one fails at once
+        ...
+    text, style = split_style(raw)      # what the model sees: no BOM, LF line ends
+    apply_style(result, style)          # and back: the input's BOM and CRLF restored
     with RecordLog(path) as log:        # finished work, one JSON line each, kept as it completes
         log.append({"index": 3, "text": "..."})
     read_jsonl([path, ...])             # every complete record; a torn last line is skipped
@@ -8,15 +13,21 @@
 A long job (a document of many chunks, a harness run of many items) appends each finished unit
 to a :class:`RecordLog` at once, so an interrupted job loses at most the unit in flight and a
 rerun reads the log back to skip what is done (resume). Final outputs go through
-:func:`write_atomic`, so an interruption leaves the old file or the new one, never a mix.
+:func:`write_atomic` (the CLI's through :func:`write_output`, which writes devices and FIFOs
+through instead), so an interruption leaves the old file or the new one, never a mix.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -29,6 +40,8 @@ def write_atomic(path, text: str) -> None:
     try:
         with os.fdopen(handle, "w", encoding="utf-8", newline="") as out:
             out.write(text)
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the rename: a power cut leaves old or new, not empty
         if path.exists():
             shutil.copymode(path, temp)
         else:
@@ -37,6 +50,85 @@ def write_atomic(path, text: str) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+def write_target(path) -> Path | None:
+    """The file that writing ``path`` replaces: ``path``, or the end of its symlink chain (the
+    link stays a link); None when it must be written through instead of replaced: a device
+    (/dev/null, /dev/full), a FIFO, or a process's open file (/dev/stdout, /dev/fd/N), whose
+    node a rename would swap for a regular file."""
+    path = Path(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+            return None
+        if not path.is_symlink():
+            return path
+        if path.absolute().is_relative_to("/proc"):  # /dev/stdout -> /proc/self/fd/1 -> ...
+            return None
+        path = path.parent / os.readlink(path)  # a relative link is relative to its own folder
+    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+
+
+def write_output(path, text: str) -> None:
+    """Write ``text`` to ``path`` as an output file: atomically (:func:`write_atomic`) on the
+    file :func:`write_target` names, else opened and written through."""
+    target = write_target(path)
+    if target is not None:
+        write_atomic(target, text)
+        return
+    with open(path, "w", encoding="utf-8", newline="") as out:
+        out.write(text)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path):
+    """Hold an exclusive lock on ``path`` (created, and removed on release) for the block;
+    :class:`BlockingIOError` at once, without waiting, when another process holds it."""
+    while True:
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(handle)
+            raise
+        if _same_file(handle, path):
+            break
+        os.close(handle)  # its holder removed it between our open and lock: lock the new one
+    try:
+        yield
+    finally:
+        Path(path).unlink(missing_ok=True)  # before the unlock, so nobody locks a removed file
+        os.close(handle)
+
+
+def _same_file(handle: int, path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(handle).st_ino
+    except FileNotFoundError:
+        return False
+
+
+@dataclass(frozen=True)
+class TextStyle:
+    """What a text file spells that a model should neither see nor have to reproduce."""
+
+    bom: bool = False  # starts with a UTF-8 byte-order mark
+    crlf: bool = False  # most line breaks are CRLF
+
+
+def split_style(text: str) -> tuple[str, TextStyle]:
+    """``text`` without its byte-order mark and with LF line breaks, and how it was spelled."""
+    bom = text.startswith("\ufeff")
+    crlf = text.count("\r\n") * 2 > text.count("\n")
+    return text.removeprefix("\ufeff").replace("\r\n", "\n"), TextStyle(bom, crlf)
+
+
+def apply_style(text: str, style: TextStyle) -> str:
+    """``text`` spelled like the file ``style`` came from (whatever line breaks it had)."""
+    text = text.replace("\r\n", "\n")
+    if style.crlf:
+        text = text.replace("\n", "\r\n")
+    return "\ufeff" + text if style.bom else text
 
 
 def _umask() -> int:

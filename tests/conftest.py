@@ -53,6 +53,17 @@ def tiny_llama(vocab_size: int = 40, seed: int = 0, dtype=torch.float64):
     return model
 
 
+@pytest.fixture()
+def no_renames(monkeypatch):
+    """Atomic renames fail: a test writing /dev/null or /dev/full fails, instead of replacing the
+    real devices with files (tests may run as root), should writing through them ever break."""
+
+    def refuse(source, target):
+        raise AssertionError(f"renamed {source} over {target}")
+
+    monkeypatch.setattr("os.replace", refuse)
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     return tiny_llama()

@@ -2,17 +2,23 @@
 where the process boundary is what is tested (Ctrl-C, `python -m ngramspec`, `accelerate
 launch`), otherwise in this process through the same ``main()`` the command runs."""
 
+import errno
+import fcntl
 import io
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from rapidfuzz import fuzz
 
 from ngramspec.chunking import join_chunks, split_document
 from ngramspec.documents import DocumentJob, clean_output
@@ -268,3 +274,219 @@ def test_many_documents_in_place_resume_skips_finished_ones(tiny_model_dir, tmp_
     assert {name: (tmp_path / "docs" / name).read_text() for name in DOCUMENTS} == first
     assert all((tmp_path / "docs" / (name + ".bak")).read_text() == DOCUMENTS[name] for name in DOCUMENTS)
     assert not any((Path(cache_env["NGRAMSPEC_CACHE"]) / "resume").iterdir())  # no state left behind
+
+
+@pytest.fixture()
+def fake_replies(monkeypatch, cache_env):
+    """main() in-process on the tiny model, whose every chunk's reply is ``replies.reply(body)``
+    (upper case unless a test sets another): exact outputs without a trained model. The bodies
+    the model was shown are in ``replies.seen``."""
+    from ngramspec.documents import DocumentJob
+
+    replies = SimpleNamespace(reply=str.upper, seen=[])
+
+    def generate(self, body, max_new_tokens):
+        replies.seen.append(body)
+        return replies.reply(body)
+
+    monkeypatch.setattr(DocumentJob, "prompt_ids", lambda self, instruction, body, context="": body)
+    monkeypatch.setattr(DocumentJob, "generate", generate)
+    monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
+    return replies
+
+
+def _main(args):
+    from ngramspec import cli as cli_module
+
+    return cli_module.main(args)
+
+
+def _rewrite(source, tiny_model_dir, *more):
+    return ["rewrite", str(source), "--instruction", "Fix typos.", "--model", str(tiny_model_dir), "--quiet", *more]
+
+
+@pytest.mark.parametrize("raw", [
+    "\ufeffFirst line.\r\nSecond line.\r\n\r\nA paragraph.\r\n",  # BOM, CRLF, trailing newline
+    "First line.\nSecond line.\n\nA paragraph.",  # LF, no trailing newline
+])
+def test_line_breaks_bom_and_trailing_newline_come_back_as_they_went_in(tiny_model_dir, tmp_path, fake_replies,
+                                                                        capsys, raw):
+    source = tmp_path / "in.txt"
+    source.write_bytes(raw.encode())
+    out = tmp_path / "out.txt"
+    assert _main(_rewrite(source, tiny_model_dir, "-o", str(out))) == 0, capsys.readouterr().err
+    assert out.read_bytes() == raw.upper().encode()  # upper() keeps the BOM and CR as they are
+    assert fake_replies.seen and not any("\r" in b or "\ufeff" in b for b in fake_replies.seen)  # model: LF only
+    assert _main(_rewrite(source, tiny_model_dir, "--in-place")) == 0
+    assert source.read_bytes() == raw.upper().encode()
+    assert (tmp_path / "in.txt.bak").read_bytes() == raw.encode()  # the original, byte for byte
+
+
+def test_quiet_hides_the_weight_loading_bar(tiny_model_dir, tmp_path, fake_replies, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("Some text.\n")
+    args = _rewrite(source, tiny_model_dir, "-o", str(tmp_path / "out.txt"))
+    assert _main([a for a in args if a != "--quiet"]) == 0
+    assert "Loading weights" in capsys.readouterr().err  # shown without --quiet (so this test can see it)
+    assert _main(args) == 0
+    assert capsys.readouterr().err == ""
+    from transformers.utils import logging
+
+    assert logging.is_progress_bar_enabled()  # put back after loading
+
+
+def test_devices_and_fifos_are_written_through(tiny_model_dir, tmp_path, fake_replies, capsys, no_renames):
+    source = tmp_path / "in.txt"
+    source.write_text("Some text.\n")
+    assert _main(_rewrite(source, tiny_model_dir, "-o", "/dev/null")) == 0
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    assert _main(_rewrite(source, tiny_model_dir, "-o", str(fifo))) == 0
+    reader.join(timeout=30)
+    assert received == ["SOME TEXT.\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert source.read_text() == "Some text.\n" and not any(tmp_path.glob(".*"))  # no lock or temporary file
+
+
+def test_a_symlinked_output_stays_a_link_to_the_new_file(tiny_model_dir, tmp_path, fake_replies, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("Some text.\n")
+    real = tmp_path / "real.txt"
+    real.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real.name)
+    assert _main(_rewrite(source, tiny_model_dir, "-o", str(link))) == 0
+    assert link.is_symlink() and real.read_text() == "SOME TEXT.\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "in.txt", "link.txt", "real.txt"]
+
+
+def test_a_failed_write_exits_1_and_leaves_files_whole(tiny_model_dir, tmp_path, fake_replies, capsys, monkeypatch,
+                                                       no_renames):
+    source = tmp_path / "in.txt"
+    source.write_text("Some text.\n")
+    assert _main(_rewrite(source, tiny_model_dir, "-o", "/dev/full")) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write /dev/full: No space left on device" in err and "Traceback" not in err
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+    out = tmp_path / "out.txt"
+    out.write_text("earlier output\n")
+    from ngramspec import files
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, "replace", full)
+    assert _main(_rewrite(source, tiny_model_dir, "-o", str(out))) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot write {out}: No space left on device" in err
+    assert out.read_text() == "earlier output\n" and source.read_text() == "Some text.\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "in.txt", "out.txt"]  # no temporary or lock file
+
+
+def test_a_second_run_on_the_same_output_is_refused_at_once(tiny_model_dir, tmp_path, fake_replies, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("Some text.\n")
+    out = tmp_path / "out.txt"
+    out.write_text("earlier output\n")
+    with open(tmp_path / ".out.txt.lock", "w") as held:  # as a running ngramspec holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert _main(_rewrite(source, tiny_model_dir, "-o", str(out))) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"another ngramspec run is writing {out}" in err
+        assert _main(_rewrite(source, tiny_model_dir, "--in-place")) == 0  # other outputs are free
+    assert out.read_text() == "earlier output\n" and not fake_replies.seen[1:]
+    assert _main(_rewrite(tmp_path / "in.txt.bak", tiny_model_dir, "-o", str(out))) == 0  # released: runs
+    assert out.read_text() == "SOME TEXT.\n" and not (tmp_path / ".out.txt.lock").exists()
+
+
+def test_drifted_chunks_are_reported_and_kept_on_request(tiny_model_dir, tmp_path, fake_replies, capsys):
+    source = tmp_path / "in.txt"
+    first, second = (f"Teh {n} paragraph has a handful of words in it, enough to fill most of a chunk."
+                     for n in ("first", "second"))
+    source.write_text(f"{first}\n\n{second}\n")  # two chunks of at most 32 tokens
+    fake_replies.reply = lambda body: "An unrelated sentence." if "second" in body else body.replace("Teh", "The")
+    out = tmp_path / "out.txt"
+    args = _rewrite(source, tiny_model_dir, "-o", str(out), "--chunk-tokens", "32", "--stats")
+    assert _main(args) == 0
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    fixed = first.replace("Teh", "The")
+    assert out.read_text() == f"{fixed}\n\nAn unrelated sentence.\n"  # no guard by default
+    scores = [fuzz.ratio(first, fixed) / 100, fuzz.ratio(second, "An unrelated sentence.") / 100]
+    assert scores[1] < 0.5 < 0.9 < scores[0]
+    assert (stats["similarity_min"], stats["similarity_mean"]) == (round(scores[1], 3), round(sum(scores) / 2, 3))
+    assert stats["kept_chunks"] == 0
+
+    assert _main(args + ["--keep-drifted", "0.5"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert out.read_text() == f"{fixed}\n\n{second}\n"
+    assert [line for line in err if "kept as it was" in line] == [
+        f"ngramspec rewrite: {source}: chunk 1 kept as it was, its rewrite drifted "
+        f"(similarity {stats['similarity_min']:.3f} < 0.5)"]
+    assert json.loads(err[-1])["kept_chunks"] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--keep-drifted", "1.5"], "--keep-drifted takes a similarity between 0 and 1"),
+    (["--keep-drifted", "-0.1"], "--keep-drifted takes a similarity between 0 and 1"),
+    (["--diff", "-o", "x.txt"], "--diff prints to stdout"),
+    (["--diff", "--in-place"], "--diff prints to stdout"),
+])
+def test_drift_and_diff_usage_errors(tmp_path, args, message, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("text")
+    assert _main(["rewrite", str(source), "--instruction", "x", *args]) == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # summarize has neither option
+        _main(["summarize", str(source), *args[:1 if args[0] == "--diff" else 2]])
+    assert exit_.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_diff_prints_a_patch_and_writes_nothing(tiny_model_dir, tmp_path, fake_replies, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("a.txt").write_text("Teh first line.\nA second line.\nteh end")
+    Path("b.txt").write_text("Nothing to fix.\n")
+    fake_replies.reply = lambda body: body.replace("Teh", "The").replace("teh", "the")
+    assert _main(["rewrite", "a.txt", "b.txt", "--instruction", "Fix typos.", "--model", str(tiny_model_dir),
+                  "--quiet", "--diff"]) == 0
+    diff = capsys.readouterr().out
+    assert diff == ("--- a.txt\n+++ a.txt\n@@ -1,3 +1,3 @@\n-Teh first line.\n+The first line.\n A second line.\n"
+                    "-teh end\n\\ No newline at end of file\n+the end\n\\ No newline at end of file\n")  # b: none
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt", "cache"]
+    Path("changes.diff").write_text(diff)
+    subprocess.run(["patch", "-p0", "-i", "changes.diff"], check=True, capture_output=True)
+    assert Path("a.txt").read_text() == "The first line.\nA second line.\nthe end"
+
+
+@pytest.mark.slow  # two CLI processes
+def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run(tiny_model_dir, tmp_path, cache_env):
+    paragraphs = [f"Paragraph {i} has a few words in it, then a few more, to fill most of a chunk." for i in range(8)]
+    source = tmp_path / "long.txt"
+    source.write_bytes("\r\n\r\n".join(paragraphs).encode() + b"\r\n")
+    out = tmp_path / "out.txt"
+    args = ["rewrite", str(source), "--instruction", "Fix.", "-o", str(out), "--model", str(tiny_model_dir),
+            "--max-new-tokens", "40", "--chunk-tokens", "32", "--quiet"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **cache_env}
+    process = subprocess.Popen([sys.executable, "-m", "ngramspec", *args], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    resume_dir = Path(cache_env["NGRAMSPEC_CACHE"]) / "resume"
+    deadline = time.time() + 120
+    while time.time() < deadline and not read_jsonl(resume_dir.glob("*.jsonl")):
+        time.sleep(0.01)
+    process.kill()  # SIGKILL: no handler runs, nothing is cleaned up
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    saved = read_jsonl(resume_dir.glob("*.jsonl"))
+    assert 0 < len(saved) < len(paragraphs) and not out.exists()  # one chunk per paragraph
+
+    resumed = cli(args + ["--resume", "--stats"], cache_env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stderr.strip().splitlines()[-1])["chunks"] == len(paragraphs) - len(saved)
+    fresh = cli(args[:5] + [str(tmp_path / "fresh.txt")] + args[6:], cache_env)
+    assert fresh.returncode == 0, fresh.stderr
+    assert out.read_bytes() == (tmp_path / "fresh.txt").read_bytes()
+    assert out.read_bytes().count(b"\r\n") == out.read_bytes().count(b"\n")  # CRLF throughout
+    assert not (tmp_path / ".out.txt.lock").exists()  # the killed run's lock file, removed by the rerun
