@@ -81,8 +81,20 @@ def check_request(model, input_ids=None, generation_config=None, model_kwargs=No
             )
 
 
-def check_batch_request(logits_processor, streamer) -> None:
-    """A batch: no streamer, and no processor that keeps state across the whole batch."""
+def check_batch_request(logits_processor, streamer, stopping_criteria=()) -> None:
+    """A batch: no streamer, no processor that keeps state across the whole batch, and no stop
+    rule that plain decoding would apply without padding the rows it ends."""
+    has_eos = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
+    if not has_eos and any(type(c).__name__ not in _WHOLE_BATCH_STOPS for c in stopping_criteria):
+        # generate() pads a finished row only when an EOS criterion exists; otherwise a row that
+        # a stop string or a user criterion ended keeps receiving the model's tokens until every
+        # row has stopped. The loop drops finished rows, so it cannot give those tokens.
+        fail(
+            "A batch with stop strings or stopping criteria but no eos_token_id: plain generate() "
+            "keeps writing tokens into the rows they end (it pads only when there is an EOS), which "
+            "ngram_speculator cannot reproduce. Set generation_config.eos_token_id, or generate one "
+            "row at a time."
+        )
     if streamer is not None:
         fail(
             "Streamers take one sequence (transformers' TextStreamer raises for batch > 1 too); "
@@ -96,6 +108,9 @@ def check_batch_request(logits_processor, streamer) -> None:
                 "(rows advance by different amounts) cannot provide; call generate() once per row."
             )
 
+
+# Stopping criteria that end every row at once (so no row is ever ended alone).
+_WHOLE_BATCH_STOPS = {"MaxLengthCriteria", "MaxTimeCriteria"}
 
 # Processors that keep per-batch state or mix rows: they cannot be applied row by row.
 _BATCH_STATE_PROCESSORS = {

@@ -190,7 +190,8 @@ def speculative_decode(prompt, prompt_mask, prompt_positions, sessions: list, ta
 
     # Prefill: one forward over the padded prompts gives each row's first new token.
     logits = target.forward(prompt, prompt_positions, prompt_mask, 1)  # (B, 1, V)
-    verdicts = verify.verify_step([[]] * batch, None, logits, _scorer(rows, options), options.sample, keep)
+    uniform = _uniform(rows, batch) if options.sample else None
+    verdicts = verify.verify_step([[]] * batch, None, logits, _scorer(rows, options), uniform, keep)
     for s in rows.stats:
         s.record_prefill(time.perf_counter() - wall_start)  # the choice above read the logits: done
 
@@ -217,7 +218,7 @@ def speculative_decode(prompt, prompt_mask, prompt_positions, sessions: list, ta
             options.timer.stop(ids.numel(), rows.context())
 
         # 3. Verify: each row keeps the draft tokens the target itself would have produced.
-        verdicts = verify.verify_step(drafts, parents, logits, _scorer(rows, options), options.sample, keep)
+        verdicts = verify.verify_step(drafts, parents, logits, _scorer(rows, options), uniform, keep)
 
         # 4. Accept: each row keeps [last, kept draft tokens] of the block; the other columns
         # become holes (masked), and those past the longest kept run are cropped for all rows.
@@ -316,6 +317,18 @@ def _propose(rows: _Rows, options: Options) -> tuple[list[list[int]], list | Non
         if parents is None and options.process is not None:  # processors read drafts as prefix
             rows.seq.write(b, rows.length(b), drafts[a])
     return drafts, parents
+
+
+def _uniform(rows: _Rows, batch: int) -> Callable[[int, int], float]:
+    """uniform(a, j): the uniform of cache row a's j-th token this step, fixed per (batch row,
+    output position) so that drafts never change what is sampled (:class:`verify.Uniforms`)."""
+    uniforms = verify.Uniforms(batch)
+
+    def uniform(a: int, j: int) -> float:
+        b = rows.active[a]
+        return uniforms(b, len(rows.new[b]) + j)
+
+    return uniform
 
 
 def _scorer(rows: _Rows, options: Options) -> verify.Score | None:

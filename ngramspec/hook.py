@@ -65,7 +65,7 @@ def ngram_generate(
         fail("generate() prepared no KV cache; ngram_speculator needs use_cache=True.")
     batch = input_ids.shape[0]
     if batch > 1:
-        check_batch_request(logits_processor, ngram_streamer)
+        check_batch_request(logits_processor, ngram_streamer, stopping_criteria)
 
     gc = generation_config
     attention_mask = model_kwargs.get("attention_mask")  # None: no padding (generate drops all-ones)

@@ -16,6 +16,12 @@ choice drawn from the (processed) distribution at its row, given the prefix emit
 (sample-and-compare): every emitted token is a draw from the target's distribution, so the
 output has exactly plain sampling's distribution; a draft token d is kept with probability
 p(d), and on rejection the drawn token follows p with d removed and renormalised.
+
+Each draw inverts the distribution's CDF at a uniform fixed in advance for that (row, output
+position) (:class:`Uniforms`). The uniform of a position never depends on the drafts, so a
+seeded run emits the same tokens whatever was drafted: the output is the one ngramspec's
+sampling gives without any draft, and ``torch.manual_seed`` makes it reproducible although
+draft lengths follow measured forward times.
 """
 
 from __future__ import annotations
@@ -83,16 +89,37 @@ def reads_all_positions_at_once(logits: torch.Tensor) -> bool:
     """How a step with processors or sampling decides its draft positions. On an accelerator:
     every position processed (assuming the drafts before it accepted) and all choices read in
     one host-device sync. On CPU there is no sync to save, while processors and sampling cost
-    per position (top-p sorts the vocabulary; multinomial is slow), so positions are decided
+    per position (top-p sorts the vocabulary; each draw is a softmax and a search), so positions are decided
     one by one and the work stops at the first rejection."""
     return logits.device.type != "cpu"
 
 
-def pick(scores: torch.Tensor, sample: bool) -> list[int]:
-    """scores (N, V) -> the greedy or sampled token of every row, in one host-device sync."""
-    if sample:
-        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0].tolist()
-    return scores.argmax(-1).tolist()
+class Uniforms:
+    """One uniform in [0, 1) per (row, output position), drawn in order from a per-row stream
+    seeded once from torch's global generator: ``uniforms(b, t)`` is the same number whenever
+    and however often position t of row b is decided."""
+
+    def __init__(self, rows: int):
+        seeds = torch.randint(0, 2**62, (rows,)).tolist()  # the one draw from the global RNG
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.drawn: list[list[float]] = [[] for _ in range(rows)]
+
+    def __call__(self, b: int, t: int) -> float:
+        drawn = self.drawn[b]
+        while len(drawn) <= t:
+            drawn.extend(torch.rand(64, generator=self.generators[b], dtype=torch.float64).tolist())
+        return drawn[t]
+
+
+def pick(scores: torch.Tensor, uniforms: list[float] | None) -> list[int]:
+    """scores (N, V) -> every row's token, in one host-device sync: the argmax (``uniforms``
+    None), else the inverse CDF of softmax(scores) at ``uniforms`` (N,). In float64, so that
+    u * total < total and a zero-probability token is never picked."""
+    if uniforms is None:
+        return scores.argmax(-1).tolist()
+    cdf = torch.softmax(scores.double(), dim=-1).cumsum(-1)  # (N, V)
+    at = cdf[:, -1:] * torch.as_tensor(uniforms, dtype=torch.float64).to(cdf.device)[:, None]  # (N, 1)
+    return torch.searchsorted(cdf, at, right=True)[:, 0].clamp(max=cdf.shape[1] - 1).tolist()
 
 
 @dataclass
@@ -118,13 +145,14 @@ def verify_step(
     parents: list | None,
     logits: torch.Tensor,
     score: Score | None = None,
-    sample: bool = False,
+    uniform: Callable[[int, int], float] | None = None,
     keep: bool = False,
 ) -> list[Verdict]:
     """Verify every row's draft against one forward's ``logits`` (A, q, V) (row a's block is
     [last, *drafts[a]], padded to q). ``parents``: per row, None for chains.
     ``score(a, emitted, logits_row (1, V)) -> scores (1, V)`` applies row a's processors given
-    its prefix followed by ``emitted``; None: the raw logits decide. ``keep``: record the
+    its prefix followed by ``emitted``; None: the raw logits decide. ``uniform(a, j)``: the
+    uniform that samples row a's j-th token of this step; None: greedy. ``keep``: record the
     scores and raw logits of every emitted token.
 
     Three ways, one rule (:func:`follow`): without processors or sampling, every row's argmax
@@ -134,7 +162,7 @@ def verify_step(
     """
     rows = range(len(drafts))
     parents = parents if parents is not None else [None] * len(drafts)
-    if score is None and not sample:
+    if score is None and uniform is None:
         choices = logits.argmax(-1).tolist()  # (A, q): the step's one host-device sync
         verdicts = [Verdict(*follow(drafts[a], parents[a], lambda row, _, a=a: choices[a][row])) for a in rows]
         if keep:
@@ -146,7 +174,8 @@ def verify_step(
         # Position j of a row only matters if its d1..dj were kept: process it on that
         # assumption, and pick every position of every row at once.
         spans = [[score(a, drafts[a][:j], logits[a, j : j + 1]) for j in range(len(drafts[a]) + 1)] for a in rows]
-        flat = pick(torch.cat([s for span in spans for s in span]), sample)
+        flat = pick(torch.cat([s for span in spans for s in span]),
+                    None if uniform is None else [uniform(a, j) for a in rows for j in range(len(spans[a]))])
         choices, start = [], 0
         for span in spans:
             choices.append(flat[start : start + len(span)])
@@ -164,7 +193,7 @@ def verify_step(
         def choose(row: int, emitted: list[int], a: int = a, kept_scores: list = kept_scores) -> int:
             scores = score(a, emitted, logits[a, row : row + 1])
             kept_scores.append((scores[0], logits[a, row]))
-            return pick(scores, sample)[0]
+            return pick(scores, None if uniform is None else [uniform(a, len(emitted))])[0]
 
         verdict = Verdict(*follow(drafts[a], parents[a], choose))
         if keep:

@@ -31,28 +31,40 @@ MUTANTS = {
                     "            rows = list(range(len(verdicts[0].path) + 1))\n", "tests/test_decode.py"),
     "stop crop": (DECODE, "                target.crop(rows.cut)\n", "                target.crop(0)\n",
                   "tests/test_decode.py"),
-    "biased sampler": (VERIFY, "        node = children.get((node, token), None)\n        if node is None:\n",
-                       "        previous, node = node, children.get((node, token), None)\n        if node is None:\n"
-                       "            if any(parent == previous for parent, _ in children):  # rejected: draw again\n"
-                       "                emitted[-1] = choice(previous + 1, emitted[:-1])\n",
-                       "tests/test_sampling.py"),
+    # A sampler that, after a rejection, draws the position again with a fresh uniform (so the
+    # draft token gets extra mass): the redraw in follow(), and uniforms no longer fixed per
+    # position (else the redraw would repeat the same draw).
+    "biased sampler": (VERIFY, [
+        ("        node = children.get((node, token), None)\n        if node is None:\n",
+         "        previous, node = node, children.get((node, token), None)\n        if node is None:\n"
+         "            if any(parent == previous for parent, _ in children):  # rejected: draw again\n"
+         "                emitted[-1] = choice(previous + 1, emitted[:-1])\n"),
+        ("        drawn = self.drawn[b]\n",
+         "        return torch.rand((), dtype=torch.float64).item()\n        drawn = self.drawn[b]\n"),
+    ], "tests/test_sampling.py"),
 }
 
 
 def run(name: str) -> bool:
     """True when the mutant is caught (its tests fail)."""
-    path, original, mutated, tests = MUTANTS[name]
+    path, *change, tests = MUTANTS[name]
+    replacements = change[0] if len(change) == 1 else [tuple(change)]  # one (original, mutated) or a list
     source_file = ROOT / path
-    source = source_file.read_text()
-    assert source.count(original) == 1, f"{name}: the original text is not in {path} exactly once"
-    source_file.write_text(source.replace(original, mutated))
+    source = mutant = source_file.read_text()
+    for original, mutated in replacements:
+        assert mutant.count(original) == 1, f"{name}: the original text is not in {path} exactly once"
+        mutant = mutant.replace(original, mutated)
+    source_file.write_text(mutant)
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "auto", "-p", "no:cacheprovider", tests],
-                              cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-n", "auto", "-p", "no:cacheprovider",
+                               tests], cwd=ROOT, capture_output=True, text=True)
     finally:
         source_file.write_text(source)
     summary = [line for line in done.stdout.splitlines() if " passed" in line or " failed" in line]
     print(f"{name}: {'caught' if done.returncode else 'SURVIVED'} ({summary[-1] if summary else 'no summary'})")
+    for line in done.stdout.splitlines():
+        if line.startswith("FAILED"):
+            print("   ", line.split(" - ")[0])
     return done.returncode != 0
 
 

@@ -2,12 +2,20 @@
 
 import pytest
 import torch
-from transformers import ClassifierFreeGuidanceLogitsProcessor, GenerationConfig
+from transformers import ClassifierFreeGuidanceLogitsProcessor, GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 import ngramspec
 from ngramspec import NgramSpeculator, UnsupportedGenerationError
 
 IDS = torch.tensor([[0, 5, 6, 7, 5, 6]])
+
+
+class StopAt(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
 
 
 @pytest.fixture
@@ -34,6 +42,8 @@ def counted(tiny_model):
         (dict(return_dict_in_generate=True, output_attentions=True), "output_attentions/output_hidden_states"),
         (dict(custom_generate=lambda *a, **k: None), "cannot be combined with another custom_generate"),
         (dict(stop_strings=["end"]), "stop_strings need the model's tokenizer"),
+        (dict(input_ids=IDS.repeat(2, 1), eos_token_id=None, stopping_criteria=StoppingCriteriaList([StopAt(5)])),
+         "plain generate\\(\\) keeps writing tokens into the rows they end"),
     ],
 )
 def test_unsupported_requests(counted, kwargs, message):

@@ -273,3 +273,29 @@ def test_seeded_batched_sampling_is_reproducible(model):
                              ngram_speculator=NgramSpeculator(min_n=1))
         runs.append(out.tolist())
     assert runs[0] == runs[1] and len(runs[0]) == 6
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_what_is_drafted_never_changes_a_seeded_sample(model, batched, monkeypatch):
+    """Each output position is sampled with its own pre-drawn uniform, so for one seed every
+    drafting setting (none accepted, short chains, long chains, trees, every position at once)
+    emits the same tokens. A sampler that drew from a shared stream per step would differ
+    here as soon as two settings accept different numbers of tokens in some step."""
+    from ngramspec import verify
+
+    ids = torch.cat([PROMPT, PROMPT]) if batched else PROMPT
+    extra = dict(num_return_sequences=3) if batched else {}
+    settings = [dict(min_n=5, max_n=5), dict(min_n=1, max_draft_tokens=1), dict(min_n=1, max_draft_tokens=8),
+                dict(min_n=1, max_draft_tokens=8, tree_branches=3), dict(min_n=1, max_draft_tokens=8)]
+    outputs, accepted = [], []
+    for i, setting in enumerate(settings):
+        if i == len(settings) - 1:
+            monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: True)
+        torch.manual_seed(5)
+        spec = NgramSpeculator(payoff_sizing=False, **setting)
+        out = model.generate(ids, max_new_tokens=24, do_sample=True, temperature=1.2, ngram_speculator=spec,
+                             **extra)
+        outputs.append(out.tolist())
+        accepted.append(spec.last_stats.accepted_tokens)
+    assert accepted[0] == 0 and min(accepted[1:]) > 0 and len(set(accepted[1:])) > 1, accepted
+    assert all(o == outputs[0] for o in outputs[1:])

@@ -116,7 +116,7 @@ def test_sampling_keeps_a_draft_token_with_its_probability(at_once, monkeypatch)
     logits[0, 2, 9] = 0.0  # after the draft: 9
     kept = 0
     for _ in range(3000):
-        (verdict,) = verify_step([[4, 2]], None, logits, sample=True)
+        (verdict,) = verify_step([[4, 2]], None, logits, uniform=lambda a, j: torch.rand(()).item())
         assert verdict.tokens[0] == 4
         if verdict.path == [0, 1]:
             assert verdict.tokens == [4, 2, 9]
@@ -128,3 +128,12 @@ def test_sampling_keeps_a_draft_token_with_its_probability(at_once, monkeypatch)
 
 def test_verdict_defaults():
     assert Verdict([1], []).is_prefix and Verdict([1, 2], [0]).is_prefix and not Verdict([1, 2], [1]).is_prefix
+
+
+def test_inverse_cdf_pick_never_emits_a_zero_probability_token():
+    """Uniforms at the ends of [0, 1) land on the first and last tokens that have mass."""
+    scores = torch.full((3, V), -float("inf"))
+    scores[:, 3], scores[:, 6] = 0.0, 1.0
+    last_below_one = 1 - 2.0**-53
+    assert verify.pick(scores, [0.0, last_below_one, 0.5]) == [3, 6, 6 if 0.5 > 1 / (1 + torch.e) else 3]
+    assert verify.pick(scores, None) == [6, 6, 6]
