@@ -12,8 +12,9 @@ SEPARATOR = -1  # between outputs: no model emits it, so no n-gram spans two out
 
 class History:
     """A bounded, evicting n-gram index over earlier outputs. When adding an output would
-    overflow ``config.history_tokens``, the older half is dropped (the index is rebuilt from
-    the newer half: an amortised O(1) per stored token)."""
+    overflow ``config.history_tokens``, the older half is dropped, or more where the new output
+    needs the room (the index is rebuilt from what is kept: an amortised O(1) per stored
+    token). It never holds more than ``history_tokens`` tokens, and never grows its arrays."""
 
     def __init__(self, config):
         self.config = config
@@ -33,7 +34,9 @@ class History:
         """Store one request's output (its newest ``capacity - 1`` tokens at most)."""
         output = np.asarray(output, dtype=np.int32)[-(self.capacity - 1) :]
         if self.index.length + output.size + 1 > self.capacity:
-            kept = self.index.tokens[: self.index.length][-(self.capacity // 2) :]
+            # Keep the newer half of what is stored, or less: the new output must fit too.
+            keep = min(self.capacity // 2, self.capacity - output.size - 1, self.index.length)
+            kept = self.index.tokens[self.index.length - keep : self.index.length]
             self._rebuild(np.ascontiguousarray(kept))
         self.index.append(np.concatenate([output, np.array([SEPARATOR], dtype=np.int32)]))
 

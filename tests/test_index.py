@@ -69,3 +69,28 @@ def test_long_streams_grow_and_still_match(length):
     index.append(stream)
     index.append(stream[100:104])  # the 4-gram at 100..103 recurs: continuation at 104
     assert index.longest_match() == (4, 104)
+
+
+@pytest.mark.parametrize("grown", [False, True])
+def test_memory_per_token_is_bounded(grown):
+    """The worst case for memory is random text (every n-gram new): at most 100 bytes per token
+    for the default n-gram sizes, whether the stream came at once (a prompt) or grew."""
+    stream = np.random.default_rng(1).integers(0, 49_152, size=200_000).astype(np.int32)
+    index = NgramIndex(1, 6, capacity=16 if grown else stream.size)
+    for chunk in np.array_split(stream, 500 if grown else 1):
+        index.append(chunk)
+    assert index.length == stream.size
+    assert index.nbytes <= 100 * stream.size, index.nbytes / stream.size
+    index.append(stream[5_000:5_006])  # still answers: the 6-gram recurs
+    assert index.longest_match() == (6, 5_006)
+
+
+def test_positions_past_the_limit_are_refused(monkeypatch):
+    from ngramspec import index as index_module
+
+    monkeypatch.setattr(index_module, "MAX_POSITIONS", 40)
+    index = NgramIndex(1, 3)
+    index.append(np.arange(40, dtype=np.int32))
+    with pytest.raises(ValueError, match="at most 40 tokens"):
+        index.append(np.array([1], dtype=np.int32))
+    assert index.length == 40  # unchanged
