@@ -76,7 +76,9 @@ def write_output(path, text: str) -> None:
     if target is not None:
         write_atomic(target, text)
         return
-    with open(path, "w", encoding="utf-8", newline="") as out:
+    # Appending: a device or FIFO does not care, and a shell's `-o /dev/stdout >> log` (the
+    # file behind /proc/self/fd/1) must not be truncated by opening it again.
+    with open(path, "a", encoding="utf-8", newline="") as out:
         out.write(text)
 
 

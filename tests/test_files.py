@@ -117,3 +117,15 @@ def test_text_style_round_trips(raw, plain, bom, crlf):
     if raw.count("\r\n") in (0, raw.count("\n")):  # not mixed
         assert files.apply_style(text, style) == raw
     assert files.apply_style("x\r\ny\n", style) == ("\ufeff" if bom else "") + ("x\r\ny\r\n" if crlf else "x\ny\n")
+
+
+def test_an_output_behind_an_open_descriptor_is_appended_to_not_truncated(tmp_path, no_renames):
+    """`ngramspec ... -o /dev/stdout >> log`: the log's earlier lines stay."""
+    log = tmp_path / "log.txt"
+    log.write_text("earlier line\n")
+    with open(log, "a") as shell_redirect:
+        path = f"/proc/self/fd/{shell_redirect.fileno()}"
+        assert files.write_target(path) is None
+        files.write_output(path, "the rewrite\n")
+    assert log.read_text() == "earlier line\nthe rewrite\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt"]
