@@ -16,12 +16,24 @@ The estimate per half-octave of context: where both the one-token cell and the q
 hold at least ``MIN_SAMPLES`` timings, their ratio of medians (robust: one slow step or a noisy
 neighbour moves a median little). Elsewhere the prior, with its excess cost (cost - 1) scaled by
 how far the measured cells of that context, or the nearest measured context, are from it.
+
+Stale cells heal: a q-token cell is only refreshed by steps that draft q - 1 tokens. If a slow
+patch (a noisy neighbour) inflated it, drafting declines and nothing would time it again, while
+plain steps keep refreshing the one-token cell at the new speed. So a q-token cell whose newest
+timing is older than every timing of its context's (full) one-token cell is dropped: its
+timings come from another period. The prior then holds until drafting times that size again,
+and that first new timing counts at once (one retry, not MIN_SAMPLES, where drafting really
+does not pay).
+
+One model may serve several threads (one speculator shared by concurrent ``generate()``
+calls): updates take a lock, and readers iterate over snapshots.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -72,7 +84,9 @@ class OnlineCost:
 
     def __init__(self, prior=None):
         self.prior = prior or ContextCurves()
-        self._cells: dict[tuple[int, int], deque] = {}
+        self._lock = threading.Lock()
+        self._cells: dict[tuple[int, int], deque] = {}  # (bucket, tokens) -> (observation number, seconds)
+        self._retimed: set[tuple[int, int]] = set()  # cells dropped as stale: one new timing counts
         self._tables: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
         self._scales: dict[int, tuple[int, float]] = {}
         self.observations = 0
@@ -87,19 +101,35 @@ class OnlineCost:
         if tokens <= 0 or not seconds > 0:
             return
         key = (self.bucket(context), int(tokens))
-        cell = self._cells.get(key)
-        if cell is None:
-            cell = self._cells[key] = deque(maxlen=self.WINDOW)
-        cell.append(float(seconds))
-        self.observations += 1
+        with self._lock:
+            self.observations += 1
+            cell = self._cells.get(key)
+            if cell is None:
+                cell = self._cells[key] = deque(maxlen=self.WINDOW)
+            cell.append((self.observations, float(seconds)))
+            if key in self._retimed:  # a size re-timed after a drop: its news counts at once
+                if len(cell) >= self.MIN_SAMPLES:
+                    self._retimed.discard(key)
+                self._tables.clear()
+                self._scales.clear()
 
     def needs_baseline(self, context: int) -> bool:
         """Too few one-token timings at this context to measure relative costs here."""
         return self._median(self.bucket(context), 1) is None
 
     def _median(self, bucket: int, tokens: int) -> float | None:
-        cell = self._cells.get((bucket, tokens))
-        return statistics.median(cell) if cell is not None and len(cell) >= self.MIN_SAMPLES else None
+        with self._lock:
+            cell = self._cells.get((bucket, tokens))
+            timings = list(cell) if cell is not None else []
+            one = self._cells.get((bucket, 1)) if tokens != 1 else None
+            if timings and one is not None and len(one) == self.WINDOW and timings[-1][0] < one[0][0]:
+                del self._cells[(bucket, tokens)]  # stale (module doc): the prior holds again
+                self._retimed.add((bucket, tokens))
+                self._tables.clear()  # cached costs and scales may have used it
+                self._scales.clear()
+                timings = []
+            needed = 1 if (bucket, tokens) in self._retimed else self.MIN_SAMPLES
+        return statistics.median(s for _, s in timings) if timings and len(timings) >= needed else None
 
     def _excess_scale(self, bucket: int) -> float:
         """How the measured excess cost (cost - 1) compares with the prior's, at this context
@@ -118,7 +148,9 @@ class OnlineCost:
                 continue
             context = int(2 ** (b / 2 + 0.25))
             ratios = []
-            for (cell_bucket, tokens), _ in self._cells.items():
+            with self._lock:
+                keys = list(self._cells)  # another thread may add cells meanwhile
+            for cell_bucket, tokens in keys:
                 if cell_bucket != b or tokens == 1:
                     continue
                 measured = self._median(b, tokens)

@@ -65,6 +65,48 @@ def test_table_follows_new_timings():
     assert model.table(500, 5)[4] == pytest.approx(3.0)
 
 
+def test_a_stale_estimate_heals_once_plain_steps_show_the_load_has_changed():
+    """A slow patch inflated the 8-token cell and drafting stopped: plain steps at the normal
+    speed must bring the estimate back to the prior (here and in the context next to it), so
+    drafting is tried again; steady drafting keeps its measurements."""
+    model = OnlineCost(ContextCurves(((100, LOW),)))
+    for _ in range(OnlineCost.WINDOW):
+        model.observe(1, 500, 0.030)  # everything slow during the patch
+        model.observe(8, 500, 0.120)
+    assert model(8, 500) == pytest.approx(4.0) and model(8, 720) == pytest.approx(4.0)  # the next context: scaled
+    for _ in range(OnlineCost.WINDOW - 1):
+        model.observe(1, 500, 0.010)  # the patch is over; only plain steps now
+    assert model(8, 500) == pytest.approx(0.120 / 0.010)  # not yet: one slow one-token timing left
+    model.observe(1, 500, 0.010)
+    assert model(8, 500) == pytest.approx(LOW(8)) and model(8, 720) == pytest.approx(LOW(8))
+    model.observe(8, 500, 0.013)  # drafting tried again: its first timing counts at once
+    assert model(8, 500) == pytest.approx(1.3)
+
+    steady = OnlineCost(ContextCurves(((100, LOW),)))
+    for _ in range(3):
+        steady.observe(1, 500, 0.010)
+    for _ in range(100):
+        steady.observe(8, 500, 0.013)  # drafting all along: no plain step refreshes the baseline
+    assert steady(8, 500) == pytest.approx(1.3)
+
+
+def test_cells_added_while_a_scale_is_computed_do_not_break_it():
+    """One speculator serves several threads: a timing may arrive from another generate() while
+    this one computes the excess scale (it iterates over the cells). Simulated deterministically:
+    the prior, called inside that computation, observes a new cell."""
+    model = OnlineCost()
+
+    def prior(tokens, context):
+        model.observe(tokens + 100, context, 0.02)  # what another thread would do meanwhile
+        return LOW(tokens)
+
+    model.prior = prior
+    for q in (1, 4, 6):
+        for _ in range(3):
+            model.observe(q, 500, 0.010 * (1 + q / 10))
+    assert model(5, 500) > 1 and model.table(500, 8)[8] > 1
+
+
 class Clock:
     def __init__(self):
         self.now = 0.0
