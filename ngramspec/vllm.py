@@ -38,6 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from .config import SpeculatorConfig
 from .speculator import NgramSpeculator, SpeculationSession
@@ -89,14 +90,20 @@ class StepCost:
         return cls(tuple((int(r), tuple(map(tuple, points))) for r, points in saved["curves"].items()))
 
     @staticmethod
-    def _along(points: tuple, tokens: float) -> float:
+    def _along(points: tuple, tokens):
         ns, cs = zip(*points)
-        if tokens <= ns[-1]:
-            return float(np.interp(tokens, ns, cs))
         slope = (cs[-1] - cs[-2]) / (ns[-1] - ns[-2])
-        return cs[-1] + slope * (tokens - ns[-1])
+        tokens = np.asarray(tokens)
+        return np.where(tokens <= ns[-1], np.interp(tokens, ns, cs), cs[-1] + slope * (tokens - ns[-1]))
 
-    def __call__(self, tokens: int, rows: int = 1) -> float:
+    def __call__(self, tokens, rows: int = 1):
+        """The cost of a step over ``tokens`` (an int, or an array of candidate totals: one call
+        prices every total a step could schedule) for ``rows`` requests."""
+        if np.ndim(tokens) == 0:
+            return float(self._cost(np.array([tokens]), rows)[0])
+        return self._cost(np.asarray(tokens), rows)
+
+    def _cost(self, tokens: np.ndarray, rows: int) -> np.ndarray:
         if len(self.curves) == 1:
             return self._along(self.curves[0][1], tokens)
         counts = [r for r, _ in self.curves]
@@ -136,34 +143,33 @@ class RowSessions:
         self.rng = np.random.default_rng(seed)
         self.created = 0  # sessions built from a row's whole text
 
-    def holds(self, session: SpeculationSession, row: np.ndarray) -> bool:
-        """Does ``row`` continue ``session``'s text? O(HEAD + TAIL + PROBES)."""
+    def holds(self, session: SpeculationSession, row: np.ndarray, uniforms: np.ndarray | None = None) -> bool:
+        """Does ``row`` continue ``session``'s text? O(HEAD + TAIL + PROBES). ``uniforms``
+        (PROBES floats in [0, 1)) place the random probes; drawn here when not given."""
         seen = session.index.length
         if seen == 0 or seen > row.shape[0]:
             return False
-        stream = session.index.tokens
-        head, tail = min(HEAD, seen), max(0, seen - TAIL)
-        if not (np.array_equal(stream[:head], row[:head]) and np.array_equal(stream[tail:seen], row[tail:seen])):
-            return False
-        probes = self.rng.integers(0, seen, PROBES)
-        return bool(np.array_equal(stream[probes], row[probes]))
+        if uniforms is None:
+            uniforms = self.rng.random(PROBES)
+        return bool(spot_check(session.index.tokens, row, seen, uniforms))
 
     def step(self, rows: dict[int, np.ndarray]) -> dict[int, SpeculationSession]:
         """Match every decoding row (index -> its whole text) to a session, extend the session
         with the row's new tokens, and return row -> session."""
         previous = {id(s): s for s in self.rows.values()}
+        uniforms = self.rng.random((len(rows), PROBES))  # every row's probes in one draw
         by_head: dict[tuple, list[SpeculationSession]] | None = None  # built when a row moved
         matched: dict[int, SpeculationSession] = {}
         taken: set[int] = set()
-        for i, row in rows.items():
+        for r, (i, row) in enumerate(rows.items()):
             session = self.rows.get(i)
-            if session is None or id(session) in taken or not self.holds(session, row):
+            if session is None or id(session) in taken or not self.holds(session, row, uniforms[r]):
                 if by_head is None:
                     by_head = {}
                     for s in list(previous.values()) + list(self.idle.values()):
                         by_head.setdefault(_head(s.index.tokens, s.index.length), []).append(s)
                 session = next((s for s in by_head.get(_head(row, row.shape[0]), ())
-                                if id(s) not in taken and self.holds(s, row)), None)
+                                if id(s) not in taken and self.holds(s, row, uniforms[r])), None)
             # Its last draft was verified in the step that just ran unless it was idle.
             was_active = session is not None and id(session) in previous
             if session is None:
@@ -190,6 +196,32 @@ class RowSessions:
         return matched
 
 
+@njit(cache=True)
+def spot_check(stream, row, seen, uniforms):
+    """Do ``stream[:seen]`` and ``row`` agree on the first HEAD and last TAIL positions of
+    ``stream[:seen]`` and at ``int(u * seen)`` for each u in ``uniforms``? (One compiled call per
+    row: numpy would take a few calls and microseconds each.) Reference: :func:`spot_check_reference`."""
+    for k in range(min(HEAD, seen)):
+        if stream[k] != row[k]:
+            return False
+    for k in range(max(0, seen - TAIL), seen):
+        if stream[k] != row[k]:
+            return False
+    for u in uniforms:
+        k = min(int(u * seen), seen - 1)
+        if stream[k] != row[k]:
+            return False
+    return True
+
+
+def spot_check_reference(stream, row, seen, uniforms) -> bool:
+    """:func:`spot_check` in plain numpy."""
+    head, tail = min(HEAD, seen), max(0, seen - TAIL)
+    probes = np.minimum((np.asarray(uniforms) * seen).astype(np.int64), seen - 1)
+    return bool(np.array_equal(stream[:head], row[:head]) and np.array_equal(stream[tail:seen], row[tail:seen])
+                and np.array_equal(stream[probes], row[probes]))
+
+
 def _head(tokens: np.ndarray, length: int) -> tuple:
     return tuple(tokens[: min(HEAD, length)].tolist())
 
@@ -201,8 +233,8 @@ def allocate_drafts(acceptance: np.ndarray, limits: np.ndarray, cost) -> np.ndar
     and a step over N tokens costs cost(N). Taking draft positions in order of that gain
     (each row's gains fall with j, so the order is one sort) gives the most expected tokens
     for every total; the total kept is the one that maximises expected tokens per unit
-    cost, against plain decoding's rows / cost(rows). All zeros: a plain step pays best
-    (a busy batch, or rows whose drafts rarely survive).
+    cost, against plain decoding's rows / cost(rows); ``cost`` takes an array of totals. All
+    zeros: a plain step pays best (a busy batch, or rows whose drafts rarely survive).
 
     Worked example, two rows, r = (0.9, 0.5), limits (3, 2), cost(N) = 1 + 0.1 (N - 1):
     gains 0.9, 0.81, 0.73 | 0.5, 0.25 -> sorted 0.9 0.81 0.73 0.5 0.25; keeping the best
@@ -219,7 +251,7 @@ def allocate_drafts(acceptance: np.ndarray, limits: np.ndarray, cost) -> np.ndar
     sorted_gains = gains.reshape(-1)[order]
     usable = int((sorted_gains >= 0).sum())
     expected = rows + np.concatenate([[0.0], np.cumsum(sorted_gains[:usable])])
-    value = expected / np.array([cost(rows + m) for m in range(usable + 1)])
+    value = expected / cost(rows + np.arange(usable + 1))  # every candidate total priced in one call
     best = int(np.argmax(value))
     lengths = np.zeros(rows, dtype=np.int64)
     np.add.at(lengths, order[:best] // gains.shape[1], 1)
@@ -251,6 +283,7 @@ class Proposer:
                 f"num_speculative_tokens={self.max_draft}; raise num_speculative_tokens instead."
             )
         self.speculator = NgramSpeculator(config)
+        spot_check(np.zeros(HEAD, np.int32), np.zeros(HEAD, np.int32), HEAD, np.zeros(PROBES))  # JIT now, not in a step
         self.sessions = RowSessions(self.speculator, max_idle=max(64, 2 * _max_num_seqs(vllm_config)))
         self.steps = 0
         self.drafted_tokens = 0

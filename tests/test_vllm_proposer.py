@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ngramspec.vllm import Proposer, RowSessions, StepCost, allocate_drafts
+from ngramspec.vllm import Proposer, RowSessions, StepCost, allocate_drafts, spot_check, spot_check_reference
 
 MAX_LEN = 4096
 
@@ -97,7 +97,7 @@ def test_worked_example_in_the_docstring():
 
 
 def test_a_busy_step_drafts_nothing_when_positions_cost_a_full_token():
-    lengths = allocate_drafts(np.array([0.6, 0.7, 0.5]), np.array([5, 5, 5]), lambda n: float(n))
+    lengths = allocate_drafts(np.array([0.6, 0.7, 0.5]), np.array([5, 5, 5]), lambda n: 1.0 * n)
     assert lengths.tolist() == [0, 0, 0]
 
 
@@ -268,3 +268,15 @@ def test_a_drafting_error_never_reaches_the_engine(monkeypatch, caplog):
     assert proposer.failures == 1 and "ngramspec drafting failed" in caplog.text
     monkeypatch.undo()
     assert proposer.propose(*args)[0]  # drafting resumes with fresh sessions
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=80), st.integers(0, 80), st.integers(-1, 79),
+       st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=0, max_size=8))
+def test_spot_check_kernel_matches_its_reference(tokens, extra, changed, uniforms):
+    stream = np.array(tokens, dtype=np.int32)
+    row = np.concatenate([stream, np.arange(extra, dtype=np.int32)])
+    if 0 <= changed < stream.size:
+        row[changed] += 1  # one position differs (or none)
+    uniforms = np.array(uniforms, dtype=np.float64)
+    assert spot_check(stream, row, stream.size, uniforms) == spot_check_reference(stream, row, stream.size, uniforms)

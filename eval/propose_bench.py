@@ -1,0 +1,100 @@
+"""`python -m eval.propose_bench`: drafting time per vLLM engine step, ngramspec's ``Proposer``
+against vLLM's own n-gram proposer, on the same rows, outside the engine.
+
+Rows are the greedy traces' prompt + output (``../shared/traces``), each advancing 2 tokens per
+step as in a decode where drafts are partly accepted; ``propose()`` is timed for every step
+and the median after the warm-up steps is reported (the first steps build ngramspec's
+sessions: a new request's text is indexed once). vLLM's proposer runs where vLLM is installed
+(``.venv-vllm``); elsewhere only ngramspec is timed.
+
+    .venv-vllm/bin/python -m eval.propose_bench --rows 1,16,64,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "smollm2_shared_greedy.jsonl"
+MAX_MODEL_LEN = 8192
+ADVANCE = 2  # tokens each row emits per step
+
+
+def load_rows(path: Path) -> list[np.ndarray]:
+    with open(path, encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+    return [np.array(r["prompt_ids"] + r["output_ids"], dtype=np.int32) for r in records]
+
+
+def vllm_config(k: int, rows: int, min_n: int, max_n: int):
+    """The fields both proposers read (a real VllmConfig needs a model)."""
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k, prompt_lookup_min=min_n, prompt_lookup_max=max_n),
+        model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN),
+        scheduler_config=SimpleNamespace(max_num_seqs=max(rows, 1)),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+    )
+
+
+def time_steps(propose, texts: list[np.ndarray], steps: int, warmup: int) -> float:
+    """Median milliseconds of ``propose(sampled, num_tokens, token_ids)`` per step after
+    ``warmup`` steps, every row advancing ADVANCE tokens per step."""
+    rows = len(texts)
+    token_ids = np.zeros((rows, MAX_MODEL_LEN), dtype=np.int32)
+    lengths = np.zeros(rows, dtype=np.int32)
+    for i, text in enumerate(texts):
+        token_ids[i, : text.size] = text
+        lengths[i] = text.size - ADVANCE * (steps + warmup)
+    times = []
+    for step in range(steps + warmup):
+        lengths += ADVANCE
+        sampled = [token_ids[i, n - ADVANCE : n].tolist() for i, n in enumerate(lengths)]
+        start = time.perf_counter()
+        propose(sampled, lengths.copy(), token_ids)
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1,16,64,256", help="batch sizes (comma-separated)")
+    parser.add_argument("--k", type=int, default=16, help="num_speculative_tokens (default 16)")
+    parser.add_argument("--steps", type=int, default=35, help="timed steps per batch size (default 35)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    parser.add_argument("--traces", type=Path, default=TRACES, help="greedy traces (JSONL with prompt_ids, output_ids)")
+    args = parser.parse_args(argv)
+
+    from ngramspec.vllm import Proposer
+
+    try:
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+    except ImportError:
+        NgramProposer = None
+    need = ADVANCE * (args.steps + args.warmup) + 64
+    pool = [t for t in load_rows(args.traces) if need <= t.size <= MAX_MODEL_LEN]
+    print(f"{len(pool)} traces of {need}+ tokens (mean {np.mean([t.size for t in pool]):.0f}); k={args.k}, "
+          f"{ADVANCE} tokens per row per step, median of {args.steps} steps (ms per engine step)")
+    print("| rows | vLLM ngram | ngramspec | ratio |\n|---|---|---|---|")
+    for rows in (int(r) for r in args.rows.split(",")):
+        texts = [pool[i % len(pool)] for i in range(rows)]
+        ours = Proposer(vllm_config(args.k, rows, 1, 6))
+        ms = time_steps(ours.propose, texts, args.steps, args.warmup)
+        peer = None
+        if NgramProposer is not None:
+            theirs = NgramProposer(vllm_config(args.k, rows, 1, 6))
+            peer = time_steps(lambda s, n, t, theirs=theirs: theirs.propose(args.k, s, n, t), texts, args.steps,
+                              args.warmup)
+        ratio = f"{ms / peer:.1f}x" if peer else "-"
+        print(f"| {rows} | {f'{peer:.3f}' if peer else '-'} | {ms:.3f} | {ratio} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
