@@ -23,6 +23,8 @@ from .config import SpeculatorConfig
 from .costmodel import OnlineCost
 from .history import SEPARATOR, History
 from .index import NgramIndex, warm_up
+from .sizing import draft_lengths
+from .sizing import warm_up as warm_up_sizing
 from .verify import accepted_length
 
 
@@ -278,17 +280,14 @@ class SpeculationSession:
 
     def _best_length(self, kind: int, r: float, limit: int) -> int:
         """Draft length in [0, limit] maximising expected emitted tokens per unit verify cost:
-        (1 + r + r^2 + ... + r^k) / cost(k + 1), where a plain step scores 1 / cost(1) = 1."""
+        (1 + r + r^2 + ... + r^k) / cost(k + 1), where a plain step scores 1 / cost(1) = 1 (the
+        sizing rule for one row, :func:`ngramspec.sizing.draft_lengths`)."""
         costs = self._costs
         if self._cost_model is not None:
             costs = self._cost_model.table(self.index.length, self.config.max_draft_tokens + 1)
-        best_k, best, expected, p = 0, 1.0, 1.0, 1.0
-        for k in range(1, limit + 1):
-            p *= r
-            expected += p
-            value = expected / costs[k + 1]
-            if value > best:
-                best_k, best = k, value
+        lengths, best = draft_lengths(np.array([r]), np.array([limit], dtype=np.int64),
+                                      np.ascontiguousarray(costs[1 : limit + 2], dtype=np.float64), False)
+        best_k = int(lengths[0])
         if best_k == 0:  # not drafting: let old evidence fade so this kind is retried
             self._accepted[kind] *= self.config.acceptance_memory
             self._rejected[kind] *= self.config.acceptance_memory
@@ -351,33 +350,20 @@ class SpeculationSession:
 
 
 def batch_draft_length(drafts: list[Draft], cost=None) -> int:
-    """One draft length K for a batch verified in one forward of shape (rows, K + 1).
-
-    Every row pays for K + 1 positions whatever its own draft, so K is chosen for the batch:
-    maximise expected emitted tokens per unit cost, sum_b E_b(min(K, k_b)) / cost(rows * (K+1)),
-    against plain decoding's rows / cost(rows), where E_b(k) = 1 + r_b + ... + r_b^k (r_b the
-    row's acceptance estimate) and ``cost(n)`` is the relative cost of one forward over n
-    tokens. Returns 0 (a plain batched step) when no K pays: on a device that is already busy
-    with a large batch, each extra position costs nearly a token's full price, so speculation
-    switches itself off and comes back when rows show long, reliable matches. ``cost=None``
-    (payoff sizing off): the longest draft of any row.
-    """
+    """One draft length K for a batch verified in one forward of shape (rows, K + 1): the
+    sizing rule, padded (:func:`ngramspec.sizing.draft_lengths`), with ``cost(n)`` the relative
+    cost of one forward over n tokens. Every row pays for K + 1 positions whatever its own
+    draft, so on a device already busy with a large batch no K pays (0: a plain batched step)
+    until rows show long, reliable matches. ``cost=None`` (payoff sizing off): the longest
+    draft of any row."""
     rows = len(drafts)
-    longest = max((len(d) for d in drafts), default=0)
+    limits = np.array([len(d) for d in drafts], dtype=np.int64)
+    longest = int(limits.max(initial=0))
     if rows == 0 or longest == 0 or cost is None:  # cost None: no sizing, draft all there is
         return longest
-    expected = np.ones(rows)  # E_b(min(K, k_b)) for the current K
-    power = np.ones(rows)
-    acceptance = np.array([d.acceptance for d in drafts])
-    lengths = np.array([len(d) for d in drafts])
-    best_k, best = 0, rows / cost(rows)
-    for k in range(1, longest + 1):
-        power = np.where(lengths >= k, power * acceptance, 0.0)
-        expected += power
-        value = expected.sum() / cost(rows * (k + 1))
-        if value > best:
-            best_k, best = k, value
-    return best_k
+    acceptance = np.array([d.acceptance for d in drafts], dtype=np.float64)
+    step_costs = np.array([cost(rows * (k + 1)) for k in range(longest + 1)], dtype=np.float64)
+    return int(draft_lengths(acceptance, limits, step_costs, True)[0].max())
 
 
 class NgramSpeculator:
@@ -405,6 +391,7 @@ class NgramSpeculator:
         # calls and refined by their forward timings.
         self.cost_model = OnlineCost() if config.verify_cost is None else None
         warm_up()
+        warm_up_sizing()
 
     @classmethod
     def for_model(cls, model, max_age_days: float = 30.0, **settings) -> NgramSpeculator:

@@ -24,7 +24,8 @@ Settings: ``num_speculative_tokens`` is the longest draft; every other
 validates ``speculative_config`` keys, so they cannot go there). Here ``history_tokens``
 defaults to 100,000: requests draft from earlier requests' outputs too. Draft lengths are set
 per request from its acceptance and the engine's step cost (:class:`StepCost`), for all rows
-of a step together (:func:`allocate_drafts`). The built-in cost is this project's CPU
+of a step together (:func:`ngramspec.sizing.draft_lengths`, flattened). The built-in cost is
+this project's CPU
 measurement; on another machine measure it with ``python -m eval.vllm_cost --out cost.json``
 and point ``NGRAMSPEC_VLLM_COST`` at that file.
 """
@@ -41,6 +42,8 @@ import numpy as np
 from numba import njit
 
 from .config import SpeculatorConfig
+from .sizing import draft_lengths
+from .sizing import warm_up as warm_up_sizing
 from .speculator import NgramSpeculator, SpeculationSession
 
 logger = logging.getLogger(__name__)
@@ -226,38 +229,6 @@ def _head(tokens: np.ndarray, length: int) -> tuple:
     return tuple(tokens[: min(HEAD, length)].tolist())
 
 
-def allocate_drafts(acceptance: np.ndarray, limits: np.ndarray, cost) -> np.ndarray:
-    """Draft length per row for one step of a flattened batch.
-
-    Row b's j-th draft token is emitted with probability r_b^j (r_b its acceptance estimate),
-    and a step over N tokens costs cost(N). Taking draft positions in order of that gain
-    (each row's gains fall with j, so the order is one sort) gives the most expected tokens
-    for every total; the total kept is the one that maximises expected tokens per unit
-    cost, against plain decoding's rows / cost(rows); ``cost`` takes an array of totals. All
-    zeros: a plain step pays best (a busy batch, or rows whose drafts rarely survive).
-
-    Worked example, two rows, r = (0.9, 0.5), limits (3, 2), cost(N) = 1 + 0.1 (N - 1):
-    gains 0.9, 0.81, 0.73 | 0.5, 0.25 -> sorted 0.9 0.81 0.73 0.5 0.25; keeping the best
-    m of them scores (2 + their sum) / cost(2 + m): m=0 1.82, 1 2.32, 2 2.71, 3 2.96,
-    4 3.08, 5 3.06 -> m=4: lengths (3, 1).
-    """
-    rows = acceptance.shape[0]
-    if rows == 0 or int(limits.max(initial=0)) == 0:
-        return np.zeros(rows, dtype=np.int64)
-    depth = np.arange(1, int(limits.max()) + 1)
-    gains = acceptance[:, None] ** depth[None, :]  # (rows, max_limit)
-    gains[depth[None, :] > limits[:, None]] = -1.0  # beyond a row's draft: never taken
-    order = np.argsort(-gains, axis=None, kind="stable")
-    sorted_gains = gains.reshape(-1)[order]
-    usable = int((sorted_gains >= 0).sum())
-    expected = rows + np.concatenate([[0.0], np.cumsum(sorted_gains[:usable])])
-    value = expected / cost(rows + np.arange(usable + 1))  # every candidate total priced in one call
-    best = int(np.argmax(value))
-    lengths = np.zeros(rows, dtype=np.int64)
-    np.add.at(lengths, order[:best] // gains.shape[1], 1)
-    return lengths
-
-
 class Proposer:
     """vLLM ``custom_class`` drafter backed by ngramspec sessions (see the module docstring)."""
 
@@ -284,6 +255,7 @@ class Proposer:
             )
         self.speculator = NgramSpeculator(config)
         spot_check(np.zeros(HEAD, np.int32), np.zeros(HEAD, np.int32), HEAD, np.zeros(PROBES))  # JIT now, not in a step
+        warm_up_sizing()
         self.sessions = RowSessions(self.speculator, max_idle=max(64, 2 * _max_num_seqs(vllm_config)))
         self.steps = 0
         self.drafted_tokens = 0
@@ -336,7 +308,8 @@ class Proposer:
             return limits
         acceptance = np.array([d.acceptance for d in candidates], dtype=np.float64)
         rows = len(candidates)
-        return allocate_drafts(acceptance, limits, lambda n: self.step_cost(n, rows))
+        step_costs = self.step_cost(rows + np.arange(int(limits.sum()) + 1), rows)  # every total at once
+        return draft_lengths(acceptance, limits, np.asarray(step_costs, dtype=np.float64), False)[0]
 
 
 def _max_num_seqs(vllm_config) -> int:

@@ -4,7 +4,6 @@ requests in free rows) and verifies drafts greedily against scripted outputs."""
 
 from __future__ import annotations
 
-import itertools
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ngramspec.vllm import Proposer, RowSessions, StepCost, allocate_drafts, spot_check, spot_check_reference
+from ngramspec.vllm import Proposer, RowSessions, StepCost, spot_check, spot_check_reference
 
 MAX_LEN = 4096
 
@@ -88,37 +87,6 @@ def copying_request(vocab_base, length=120, rng=None):
     pieces = [prompt[s : s + 15] for s in rng.integers(0, length - 15, 4)]
     output = np.concatenate(pieces + [rng.integers(vocab_base, vocab_base + 500, 10).astype(np.int32)])
     return {"prompt": prompt, "output": output, "done": 0, "base": vocab_base}
-
-
-def test_worked_example_in_the_docstring():
-    cost = lambda n: 1 + 0.1 * (n - 1)
-    lengths = allocate_drafts(np.array([0.9, 0.5]), np.array([3, 2]), cost)
-    assert lengths.tolist() == [3, 1]
-
-
-def test_a_busy_step_drafts_nothing_when_positions_cost_a_full_token():
-    lengths = allocate_drafts(np.array([0.6, 0.7, 0.5]), np.array([5, 5, 5]), lambda n: 1.0 * n)
-    assert lengths.tolist() == [0, 0, 0]
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(st.tuples(st.floats(0.01, 0.99), st.integers(0, 3)), min_size=1, max_size=3),
-    st.floats(0.0, 1.2),
-)
-def test_allocation_is_optimal_against_brute_force(rows, slope):
-    acceptance = np.array([r for r, _ in rows])
-    limits = np.array([k for _, k in rows])
-    cost = lambda n: 1.0 + slope * (n - 1) ** 0.8
-
-    def value(lengths):
-        expected = sum(sum(r**j for j in range(k + 1)) for r, k in zip(acceptance, lengths))
-        return expected / cost(len(rows) + sum(lengths))
-
-    best = max(value(ls) for ls in itertools.product(*(range(k + 1) for k in limits)))
-    got = allocate_drafts(acceptance, limits, cost)
-    assert (got <= limits).all()
-    assert value(got) == pytest.approx(best, rel=1e-9)
 
 
 def run_engine(proposer, requests, slots=4, preempt_every=0, seed=0):

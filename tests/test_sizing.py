@@ -1,0 +1,81 @@
+"""The one sizing rule (ngramspec.sizing): its worked example, its limits, optimality against
+brute force, and the compiled kernel pinned to its plain-Python reference."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ngramspec.sizing import candidates_reference, draft_lengths, draft_lengths_reference
+
+
+def flattened_costs(rows, limits, cost):
+    return np.array([cost(rows + m) for m in range(int(sum(limits)) + 1)], dtype=np.float64)
+
+
+def test_worked_example_in_the_docstring():
+    cost = lambda n: 1 + 0.1 * (n - 1)
+    lengths, value = draft_lengths(np.array([0.9, 0.5]), np.array([3, 2]), flattened_costs(2, [3, 2], cost), False)
+    assert lengths.tolist() == [3, 1] and value == pytest.approx((2 + 0.9 + 0.81 + 0.729 + 0.5) / cost(6))
+
+
+def test_a_busy_step_drafts_nothing_when_positions_cost_a_full_token():
+    lengths, _ = draft_lengths(np.array([0.6, 0.7, 0.5]), np.array([5, 5, 5]),
+                               flattened_costs(3, [5, 5, 5], lambda n: 1.0 * n), False)
+    assert lengths.tolist() == [0, 0, 0]
+
+
+def test_padded_rows_share_one_length_cut_to_each_draft():
+    costs = np.array([1.0, 1.1, 1.2, 1.3, 1.4])  # K = 0..4 per row, cheap positions
+    lengths, _ = draft_lengths(np.array([0.9, 0.9, 0.1]), np.array([4, 2, 0]), costs, True)
+    assert lengths.tolist() == [4, 2, 0]
+    lengths, _ = draft_lengths(np.array([0.2, 0.2]), np.array([4, 4]), np.array([1.0, 2.0, 3.0, 4.0, 5.0]), True)
+    assert lengths.tolist() == [0, 0]  # every position costs a full forward: plain step
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.01, 0.99), st.integers(0, 3)), min_size=1, max_size=3),
+    st.floats(0.0, 1.2),
+    st.booleans(),
+)
+def test_lengths_are_optimal_against_brute_force(rows, slope, padded):
+    acceptance = np.array([r for r, _ in rows])
+    limits = np.array([k for _, k in rows], dtype=np.int64)
+    cost = lambda n: 1.0 + slope * (n - 1) ** 0.8
+    n = len(rows)
+
+    def value(lengths):
+        expected = sum(sum(r**j for j in range(k + 1)) for r, k in zip(acceptance, lengths))
+        return expected / (cost(n * (max(lengths) + 1)) if padded else cost(n + sum(lengths)))
+
+    if padded:
+        step_costs = np.array([cost(n * (k + 1)) for k in range(int(limits.max()) + 1)])
+        choices = [[min(k, int(limit)) for limit in limits] for k in range(int(limits.max()) + 1)]
+    else:
+        step_costs = flattened_costs(n, limits, cost)
+        choices = itertools.product(*(range(k + 1) for k in limits))
+    best = max(value(c) for c in choices)
+    got, got_value = draft_lengths(acceptance, limits, step_costs, padded)
+    assert (got <= limits).all()
+    assert value(got) == pytest.approx(best, rel=1e-9) and got_value == pytest.approx(best, rel=1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(0, 6)), min_size=0, max_size=6),
+    st.lists(st.floats(0.2, 5.0), min_size=37, max_size=37),
+    st.booleans(),
+)
+def test_kernel_matches_its_reference(rows, costs, padded):
+    acceptance = np.array([r for r, _ in rows], dtype=np.float64)
+    limits = np.array([k for _, k in rows], dtype=np.int64)
+    step_costs = np.array(costs, dtype=np.float64)
+    got, got_value = draft_lengths(acceptance, limits, step_costs, padded)
+    want, want_value = draft_lengths_reference(acceptance, limits, step_costs, padded)
+    assert got_value == pytest.approx(want_value, rel=1e-12)
+    values = sorted((v for _, v in candidates_reference(acceptance, limits, step_costs, padded)), reverse=True)
+    if len(values) < 2 or values[0] - values[1] > 1e-9 * values[0]:  # no near-tie: the same choice
+        assert got.tolist() == want.tolist()
