@@ -14,8 +14,10 @@ timing them costs nothing (on CUDA, events read a step later: no added sync).
 
 The estimate per half-octave of context: where both the one-token cell and the q-token cell
 hold at least ``MIN_SAMPLES`` timings, their ratio of medians (robust: one slow step or a noisy
-neighbour moves a median little). Elsewhere the prior, with its excess cost (cost - 1) scaled by
-how far the measured cells of that context, or the nearest measured context, are from it.
+neighbour moves a median little); else that ratio at the nearest context (within two
+half-octaves) where both are measured. Elsewhere the prior, with its excess cost (cost - 1)
+scaled by how far the measured cells of that context, or the nearest measured context, are
+from it. A batch of R rows is measured the same way against its own plain step (R tokens).
 
 Stale cells heal: a q-token cell is only refreshed by steps that draft q - 1 tokens. If a slow
 patch (a noisy neighbour) inflated it, drafting declines and nothing would time it again, while
@@ -77,7 +79,11 @@ class ContextCurves:
 
 
 class OnlineCost:
-    """``cost(tokens, context)``: the prior, refined by observed forward times (module doc)."""
+    """``cost(tokens, context, rows)``: one forward over ``tokens`` new tokens of ``rows`` rows
+    (each with ``context`` cached tokens, on average) relative to a plain step of the same rows
+    (``rows`` tokens): the prior, refined by observed forward times (module doc). A row alone:
+    relative to a one-token forward. Each row count learns from its own forwards (a batch's
+    plain steps are its baseline), so batched sizing is measured too, not only the prior."""
 
     WINDOW = 15  # timings kept per cell: the newest, so the estimate follows a changing load
     MIN_SAMPLES = 3
@@ -85,10 +91,11 @@ class OnlineCost:
     def __init__(self, prior=None):
         self.prior = prior or ContextCurves()
         self._lock = threading.Lock()
-        self._cells: dict[tuple[int, int], deque] = {}  # (bucket, tokens) -> (observation number, seconds)
-        self._retimed: set[tuple[int, int]] = set()  # cells dropped as stale: one new timing counts
-        self._tables: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
-        self._scales: dict[int, tuple[int, float]] = {}
+        # (rows, bucket, tokens) -> (observation number, seconds) of its newest forwards
+        self._cells: dict[tuple[int, int, int], deque] = {}
+        self._retimed: set[tuple[int, int, int]] = set()  # cells dropped as stale: one new timing counts
+        self._tables: dict[tuple, tuple[int, np.ndarray]] = {}
+        self._scales: dict[tuple[int, int], tuple[int, float]] = {}
         self.observations = 0
 
     @staticmethod
@@ -96,11 +103,12 @@ class OnlineCost:
         """Half-octaves of context: 362-511 tokens share one, 512-723 the next, ..."""
         return int(2 * math.log2(max(context, 64)))
 
-    def observe(self, tokens: int, context: int, seconds: float) -> None:
-        """One forward over ``tokens`` new tokens on ``context`` cached ones took ``seconds``."""
-        if tokens <= 0 or not seconds > 0:
+    def observe(self, tokens: int, context: int, seconds: float, rows: int = 1) -> None:
+        """One forward over ``tokens`` new tokens of ``rows`` rows on ``context`` cached ones
+        (per row) took ``seconds``."""
+        if tokens <= 0 or rows <= 0 or not seconds > 0:
             return
-        key = (self.bucket(context), int(tokens))
+        key = (int(rows), self.bucket(context), int(tokens))
         with self._lock:
             self.observations += 1
             cell = self._cells.get(key)
@@ -113,66 +121,80 @@ class OnlineCost:
                 self._tables.clear()
                 self._scales.clear()
 
-    def needs_baseline(self, context: int) -> bool:
-        """Too few one-token timings at this context to measure relative costs here."""
-        return self._median(self.bucket(context), 1) is None
+    def needs_baseline(self, context: int, rows: int = 1) -> bool:
+        """Too few plain-step timings of ``rows`` rows at this context to measure relative
+        costs here."""
+        return self._median(rows, self.bucket(context), rows) is None
 
-    def _median(self, bucket: int, tokens: int) -> float | None:
+    def _median(self, rows: int, bucket: int, tokens: int) -> float | None:
+        key, base = (rows, bucket, tokens), (rows, bucket, rows)
         with self._lock:
-            cell = self._cells.get((bucket, tokens))
+            cell = self._cells.get(key)
             timings = list(cell) if cell is not None else []
-            one = self._cells.get((bucket, 1)) if tokens != 1 else None
-            if timings and one is not None and len(one) == self.WINDOW and timings[-1][0] < one[0][0]:
-                del self._cells[(bucket, tokens)]  # stale (module doc): the prior holds again
-                self._retimed.add((bucket, tokens))
+            plain = self._cells.get(base) if tokens != rows else None
+            if timings and plain is not None and len(plain) == self.WINDOW and timings[-1][0] < plain[0][0]:
+                del self._cells[key]  # stale (module doc): the prior holds again
+                self._retimed.add(key)
                 self._tables.clear()  # cached costs and scales may have used it
                 self._scales.clear()
                 timings = []
-            needed = 1 if (bucket, tokens) in self._retimed else self.MIN_SAMPLES
+            needed = 1 if key in self._retimed else self.MIN_SAMPLES
         return statistics.median(s for _, s in timings) if timings and len(timings) >= needed else None
 
-    def _excess_scale(self, bucket: int) -> float:
+    def _prior(self, tokens: int, context: int, rows: int) -> float:
+        """The prior relative to a plain step of ``rows`` rows (a batch: rows x positions; never
+        below the plain step, where a measured curve dips at a few tokens)."""
+        if rows <= 1:
+            return self.prior(tokens, context)
+        return max(1.0, self.prior(tokens, context) / self.prior(rows, context))
+
+    def _excess_scale(self, rows: int, bucket: int) -> float:
         """How the measured excess cost (cost - 1) compares with the prior's, at this context
-        or the nearest measured one (median over the measured token counts); 1 when unknown.
-        Recomputed after 8 new timings (a batch asks for many token counts per step)."""
-        cached = self._scales.get(bucket)
+        or the nearest measured one (median over the measured token counts), for this row
+        count, else for one row; 1 when unknown. Recomputed after 8 new timings (a batch asks
+        for many token counts per step)."""
+        cached = self._scales.get((rows, bucket))
         if cached is None or self.observations - cached[0] >= 8:
-            cached = self._scales[bucket] = (self.observations, self._measure_excess_scale(bucket))
+            scale = self._measure_excess_scale(rows, bucket)
+            if scale is None and rows != 1:
+                scale = self._measure_excess_scale(1, bucket)
+            cached = self._scales[(rows, bucket)] = (self.observations, 1.0 if scale is None else scale)
         return cached[1]
 
-    def _measure_excess_scale(self, bucket: int) -> float:
+    def _measure_excess_scale(self, rows: int, bucket: int) -> float | None:
         for distance in (0, 1, -1, 2, -2):
             b = bucket + distance
-            one = self._median(b, 1)
-            if one is None:
+            plain = self._median(rows, b, rows)
+            if plain is None:
                 continue
             context = int(2 ** (b / 2 + 0.25))
             ratios = []
             with self._lock:
                 keys = list(self._cells)  # another thread may add cells meanwhile
-            for cell_bucket, tokens in keys:
-                if cell_bucket != b or tokens == 1:
+            for cell_rows, cell_bucket, tokens in keys:
+                if cell_rows != rows or cell_bucket != b or tokens == rows:
                     continue
-                measured = self._median(b, tokens)
-                prior_excess = self.prior(tokens, context) - 1
+                measured = self._median(rows, b, tokens)
+                prior_excess = self._prior(tokens, context, rows) - 1
                 if measured is not None and prior_excess > 0.02:
-                    ratios.append(max(measured / one - 1, 0.0) / prior_excess)
+                    ratios.append(max(measured / plain - 1, 0.0) / prior_excess)
             if ratios:
                 return statistics.median(ratios)
-        return 1.0
+        return None
 
-    def __call__(self, tokens: int, context: int) -> float:
+    def __call__(self, tokens: int, context: int, rows: int = 1) -> float:
         if tokens <= 0:
             return 0.0
         bucket = self.bucket(context)
-        one, here = self._median(bucket, 1), self._median(bucket, tokens)
-        if one is not None and here is not None:
-            return here / one
-        return 1 + (self.prior(tokens, context) - 1) * self._excess_scale(bucket)
+        for distance in (0, 1, -1, 2, -2):  # measured here, else at the nearest measured context
+            plain, here = self._median(rows, bucket + distance, rows), self._median(rows, bucket + distance, tokens)
+            if plain is not None and here is not None:
+                return here / plain
+        return 1 + (self._prior(tokens, context, rows) - 1) * self._excess_scale(rows, bucket)
 
     def table(self, context: int, max_tokens: int) -> np.ndarray:
-        """``costs[q]`` for q = 0..max_tokens at this context; recomputed when this context's
-        half-octave changes or 8 more timings came in (draft sizing asks every step)."""
+        """``costs[q]`` for q = 0..max_tokens at this context, one row; recomputed when this
+        context's half-octave changes or 8 more timings came in (draft sizing asks every step)."""
         key = (self.bucket(context), max_tokens)
         cached = self._tables.get(key)
         if cached is not None and self.observations - cached[0] < 8:
@@ -191,7 +213,7 @@ class ForwardTimer:
         self.cost = cost
         self.cuda = getattr(device, "type", str(device)) == "cuda"
         self.clock = clock
-        self._pending: list = []  # CUDA: (start event, end event, tokens, context)
+        self._pending: list = []  # CUDA: (start event, end event, tokens, context, rows)
         self._started = None
 
     def start(self) -> None:
@@ -204,17 +226,17 @@ class ForwardTimer:
         else:
             self._started = self.clock()
 
-    def stop(self, tokens: int, context: int) -> None:
+    def stop(self, tokens: int, context: int, rows: int = 1) -> None:
         if self.cuda:
             import torch
 
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._pending.append((self._started, end, tokens, context))
+            self._pending.append((self._started, end, tokens, context, rows))
         else:
-            self.cost.observe(tokens, context, self.clock() - self._started)
+            self.cost.observe(tokens, context, self.clock() - self._started, rows)
 
     def _read_completed(self) -> None:
         while self._pending and self._pending[0][1].query():
-            start, end, tokens, context = self._pending.pop(0)
-            self.cost.observe(tokens, context, start.elapsed_time(end) / 1000)
+            start, end, tokens, context, rows = self._pending.pop(0)
+            self.cost.observe(tokens, context, start.elapsed_time(end) / 1000, rows)

@@ -83,9 +83,10 @@ class Options:
     keep_scores: bool = False
     keep_logits: bool = False
     trees: bool = False  # a batch of one may verify token trees (the target can gather)
-    # forward_cost(n, context): relative cost of one forward over n tokens on that many cached
-    # ones, for the shared draft length of a batch (None: each row drafts all it proposes).
-    forward_cost: Callable[[int, int], float] | None = None
+    # forward_cost(n, context, rows): relative cost of one forward over n tokens of that many
+    # rows on that many cached tokens each, relative to a plain step of those rows; for the
+    # shared draft length of a batch (None: each row drafts all it proposes).
+    forward_cost: Callable[[int, int, int], float] | None = None
     timer: ForwardTimer | None = None  # feeds a cost model the loop's forward timings
     # Per row, processors(prefix (1, n), logits (1, V)) -> scores (1, V), or None.
     process: list | None = None
@@ -215,7 +216,7 @@ def speculative_decode(prompt, prompt_mask, prompt_positions, sessions: list, ta
             options.timer.start()
         logits = target.forward(ids, positions, mask, ids.shape[1], visible)  # (A, q, V)
         if options.timer is not None:
-            options.timer.stop(ids.numel(), rows.context())
+            options.timer.stop(ids.numel(), rows.context(), ids.shape[0])
 
         # 3. Verify: each row keeps the draft tokens the target itself would have produced.
         verdicts = verify.verify_step(drafts, parents, logits, _scorer(rows, options), uniform, keep)
@@ -306,8 +307,10 @@ def _propose(rows: _Rows, options: Options) -> tuple[list[list[int]], list | Non
     else:
         rows.proposals = [rows.sessions[b].propose(max_tokens=n, sized=False, tree=False)
                           for b, n in zip(rows.active, budgets)]
-        cost, context = options.forward_cost, rows.context()
-        width = batch_draft_length(rows.proposals, None if cost is None else lambda n: cost(n, context))
+        cost, context, n = options.forward_cost, rows.context(), len(rows.active)
+        # Where no plain step of these rows was timed yet, a marginal draft gives way to one.
+        explore = cost is not None and options.timer is not None and options.timer.cost.needs_baseline(context, n)
+        width = batch_draft_length(rows.proposals, None if cost is None else lambda t: cost(t, context, n), explore)
         drafts = [p.tokens[:width].tolist() for p in rows.proposals]
         parents = None
     spent = (time.perf_counter() - t0) / len(rows.active)

@@ -75,7 +75,8 @@ def ngram_generate(
     config, cost_model = ngram_speculator.config, ngram_speculator.cost_model
     forward_cost = None  # payoff sizing off: a batch drafts all it proposes
     if config.payoff_sizing:
-        forward_cost = cost_model if cost_model is not None else lambda tokens, context: config.forward_cost(tokens)
+        forward_cost = cost_model if cost_model is not None else (
+            lambda tokens, context, rows: config.forward_cost(tokens) / config.forward_cost(rows))
     pad = gc._pad_token_tensor
     options = Options(
         stop=hf.stop_rule(stopping_criteria),

@@ -349,13 +349,15 @@ class SpeculationSession:
         self._finished = True
 
 
-def batch_draft_length(drafts: list[Draft], cost=None) -> int:
+def batch_draft_length(drafts: list[Draft], cost=None, explore: bool = False) -> int:
     """One draft length K for a batch verified in one forward of shape (rows, K + 1): the
-    sizing rule, padded (:func:`ngramspec.sizing.draft_lengths`), with ``cost(n)`` the relative
-    cost of one forward over n tokens. Every row pays for K + 1 positions whatever its own
-    draft, so on a device already busy with a large batch no K pays (0: a plain batched step)
-    until rows show long, reliable matches. ``cost=None`` (payoff sizing off): the longest
-    draft of any row."""
+    sizing rule, padded (:func:`ngramspec.sizing.draft_lengths`), with ``cost(n)`` the cost of
+    one forward over n tokens of these rows relative to their plain step. Every row pays for
+    K + 1 positions whatever its own draft, so on a device already busy with a large batch no
+    K pays (0: a plain batched step) until rows show long, reliable matches. ``explore``: a
+    plain step's timing is missing, so a marginal K (under EXPLORE_BELOW expected tokens per
+    row and unit cost) gives way to a plain step that measures it. ``cost=None`` (payoff
+    sizing off): the longest draft of any row."""
     rows = len(drafts)
     limits = np.array([len(d) for d in drafts], dtype=np.int64)
     longest = int(limits.max(initial=0))
@@ -363,7 +365,10 @@ def batch_draft_length(drafts: list[Draft], cost=None) -> int:
         return longest
     acceptance = np.array([d.acceptance for d in drafts], dtype=np.float64)
     step_costs = np.array([cost(rows * (k + 1)) for k in range(longest + 1)], dtype=np.float64)
-    return int(draft_lengths(acceptance, limits, step_costs, True)[0].max())
+    lengths, value = draft_lengths(acceptance, limits, step_costs, True)
+    if explore and value < EXPLORE_BELOW * rows:
+        return 0
+    return int(lengths.max())
 
 
 class NgramSpeculator:

@@ -118,12 +118,12 @@ class Clock:
 class ClockedTarget(FakeTarget):
     """The fake target of test_decode, whose forwards take scripted time on a fake clock."""
 
-    def __init__(self, clock, seconds):
-        super().__init__(1)
+    def __init__(self, clock, seconds, rows: int = 1):
+        super().__init__(rows)
         self.clock, self.seconds = clock, seconds
 
     def forward(self, ids, positions, mask, keep, visible=None):
-        self.clock.now += self.seconds(ids.shape[1], len(self.cache[0]))
+        self.clock.now += self.seconds(ids.numel(), len(self.cache[0]))  # tokens of all rows
         return super().forward(ids, positions, mask, keep, visible)
 
 
@@ -166,3 +166,38 @@ def test_forward_timer_on_cpu_uses_the_clock():
         clock.now += 0.01 * (1 + q / 10)
         timer.stop(q, 1000)
     assert model(5, 1000) == pytest.approx(1.5 / 1.1)
+
+
+def test_a_batch_learns_its_costs_from_its_own_plain_steps():
+    """Costs relative to a plain step of the same rows: a batch never runs a one-token
+    forward, so it measures against its own plain steps (a marginal draft gives way to one
+    where none was timed yet)."""
+    model = OnlineCost(ContextCurves(((100, LOW),)))
+    assert model(12, 500, rows=4) == pytest.approx(LOW(12) / LOW(4))  # nothing measured: the prior, per plain step
+    for _ in range(3):
+        model.observe(4, 500, 0.040, rows=4)  # plain steps of 4 rows
+        model.observe(12, 500, 0.100, rows=4)  # 2 drafts per row
+    assert model(12, 500, rows=4) == pytest.approx(2.5) and model.needs_baseline(500, rows=3)
+    assert model(12, 500) == pytest.approx(LOW(12))  # one row: its own cells (none yet)
+
+
+def test_a_batch_declines_where_every_position_costs_a_full_forward():
+    """Three rows, every verified position as dear as a token: the batch stops drafting once
+    its own plain and drafted steps are timed (it never runs a one-token forward, so a cost
+    model that only knew one-token forwards kept the prior and drafted at a loss)."""
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(2, 16, size=40).tolist() for _ in range(3)]
+    spec = NgramSpeculator(min_n=1)
+    clock = Clock()
+    ids = torch.tensor(prompts)
+    options = Options(stop=StopRule(max_length=40 + 160, eos_token_ids=frozenset({1})),
+                      forward_cost=spec.cost_model, timer=ForwardTimer(spec.cost_model, "cpu", clock))
+    result = speculative_decode(ids, None, torch.arange(40).repeat(3, 1), [spec.start(p) for p in prompts],
+                                ClockedTarget(clock, lambda tokens, ctx: 0.010 * tokens, rows=3), options)
+    for b, prompt in enumerate(prompts):
+        new = result.sequences[b, 40:].tolist()
+        assert new[: len(plain(prompt, 200))] == plain(prompt, 200)
+    steps = result.stats[0].verified_per_step
+    late = steps[len(steps) // 2 :]
+    assert sum(1 for k in late if k) <= len(late) // 10, f"still drafting in {sum(1 for k in late if k)} late steps"
+    assert spec.cost_model(12, 150, rows=3) > 3  # learnt: ~4x a plain step, the prior says ~1.1x
