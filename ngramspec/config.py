@@ -140,9 +140,9 @@ class SpeculatorConfig:
         object.__setattr__(self, "_cost_curve", curve)
 
     def verify_costs(self) -> np.ndarray:
-        """``costs[q]`` = relative cost of verifying q tokens, for q in 0..max_draft_tokens+1."""
-        table = np.array([self.forward_cost(q) for q in range(self.max_draft_tokens + 2)])
-        return table
+        """``costs[q]`` = relative cost of verifying q tokens, for q in 0..max_tree_tokens+1 (a
+        tree and the target's own token; chains are never longer than a tree)."""
+        return np.array([self.forward_cost(q) for q in range(max(self.max_draft_tokens, self.max_tree_tokens) + 2)])
 
     def forward_cost(self, tokens: int) -> float:
         """Relative cost of one forward over ``tokens`` tokens (all rows of a batch together),

@@ -223,8 +223,9 @@ class SpeculationSession:
         Extra branches only take positions that cost at most ``tree_cost_slack`` more than
         verifying the chain alone (on a GPU, many; on a small CPU, a few or none)."""
         budget = len(chain)
-        ceiling = self.config.forward_cost(len(chain) + 1) * (1 + TREE_COST_SLACK)
-        while budget < self.config.max_tree_tokens and self.config.forward_cost(budget + 2) <= ceiling:
+        cost = self._cost_table(max(self.config.max_tree_tokens, len(chain)) + 1)  # the sizing's own costs
+        ceiling = cost[len(chain) + 1] * (1 + TREE_COST_SLACK)
+        while budget < self.config.max_tree_tokens and cost[budget + 2] <= ceiling:
             budget += 1
         if budget == len(chain):
             return chain, None
@@ -278,13 +279,18 @@ class SpeculationSession:
         accepted = self._accepted[kind] + weight * self.config.acceptance_prior
         return float(accepted / (accepted + self._rejected[kind] + weight * (1 - self.config.acceptance_prior)))
 
+    def _cost_table(self, max_tokens: int) -> np.ndarray:
+        """costs[q], q = 0..max_tokens: a forward over q tokens at this request's context, by the
+        cost model (as measured so far), else by the fixed curve."""
+        if self._cost_model is not None:
+            return self._cost_model.table(self.index.length, max_tokens)
+        return self._costs
+
     def _best_length(self, kind: int, r: float, limit: int) -> int:
         """Draft length in [0, limit] maximising expected emitted tokens per unit verify cost:
         (1 + r + r^2 + ... + r^k) / cost(k + 1), where a plain step scores 1 / cost(1) = 1 (the
         sizing rule for one row, :func:`ngramspec.sizing.draft_lengths`)."""
-        costs = self._costs
-        if self._cost_model is not None:
-            costs = self._cost_model.table(self.index.length, self.config.max_draft_tokens + 1)
+        costs = self._cost_table(self.config.max_draft_tokens + 1)
         lengths, best = draft_lengths(np.array([r]), np.array([limit], dtype=np.int64),
                                       np.ascontiguousarray(costs[1 : limit + 2], dtype=np.float64), False)
         best_k = int(lengths[0])

@@ -248,6 +248,12 @@ class Proposer:
             self.step_cost = StepCost(((1, config.verify_cost),))
         else:
             self.step_cost = StepCost(VLLM_CPU_COST)
+            device = getattr(getattr(vllm_config, "device_config", None), "device_type", "cpu")
+            if device != "cpu":
+                logger.warning(
+                    "ngramspec sizes drafts by a step cost measured on a 2-core CPU, but this engine runs on "
+                    "%s: extra draft positions are likely cheaper here. Measure it once with `python -m "
+                    "eval.vllm_cost --out cost.json` and set %s=cost.json.", device, COST_FILE_ENV)
         if config.max_draft_tokens > self.max_draft:
             raise ValueError(
                 f"{SETTINGS_ENV} sets max_draft_tokens={config.max_draft_tokens}, above vLLM's "

@@ -50,9 +50,10 @@ def test_config_is_frozen_and_overridable():
 
 
 def test_verify_cost_table_interpolates():
-    config = SpeculatorConfig(max_draft_tokens=4, verify_cost=((1, 1.0), (3, 2.0)))
+    config = SpeculatorConfig(max_draft_tokens=4, max_tree_tokens=4, verify_cost=((1, 1.0), (3, 2.0)))
     # linear in between, then proportional to tokens (compute-bound) past the last point
     assert config.verify_costs().tolist() == [0.0, 1.0, 1.5, 2.0, 2.0 * 4 / 3, 2.0 * 5 / 3]
+    assert len(SpeculatorConfig(max_draft_tokens=4, max_tree_tokens=9).verify_costs()) == 11  # trees too
     assert config.forward_cost(30) == 20.0 and config.forward_cost(0) == 0.0
 
 

@@ -94,6 +94,20 @@ def test_tree_branches_respect_the_cost_curve():
     assert session.propose().parents is None
 
 
+@pytest.mark.parametrize("per_token, branches", [(0.0, True), (0.01, False)])
+def test_trees_are_sized_by_the_measured_costs(per_token, branches):
+    """With the cost model (verify_cost=None), trees branch where the timed forwards say extra
+    positions are nearly free (a GPU), and not where each costs a token."""
+    prompt = [1, 2, 3, 4, 5, 0, 1, 2, 6, 7, 8, 0, 1, 2]
+    spec = NgramSpeculator(min_n=2, max_n=2, max_draft_tokens=3, tree_branches=2, payoff_sizing=False,
+                           fuzzy_resync=False)
+    for q in range(1, 26):
+        for _ in range(3):
+            spec.cost_model.observe(q, len(prompt), 0.01 + per_token * (q - 1))
+    draft = spec.start(np.array(prompt)).propose()
+    assert (draft.parents is not None) == branches
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_tree_drafts_are_exact_and_used(tiny_model, seed):
     """Greedy with token trees (several candidate continuations per pass) equals plain greedy;

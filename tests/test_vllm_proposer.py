@@ -248,3 +248,13 @@ def test_spot_check_kernel_matches_its_reference(tokens, extra, changed, uniform
         row[changed] += 1  # one position differs (or none)
     uniforms = np.array(uniforms, dtype=np.float64)
     assert spot_check(stream, row, stream.size, uniforms) == spot_check_reference(stream, row, stream.size, uniforms)
+
+
+def test_the_cpu_step_cost_on_an_accelerator_is_flagged(caplog):
+    config = vllm_config(k=4)
+    with caplog.at_level("WARNING", logger="ngramspec.vllm"):
+        Proposer(config)
+        assert not caplog.records  # a CPU engine: the built-in cost fits
+        config.device_config = SimpleNamespace(device_type="cuda")
+        Proposer(config)
+    assert len(caplog.records) == 1 and "measured on a 2-core CPU, but this engine runs on cuda" in caplog.text
