@@ -24,18 +24,9 @@ import ngramspec
 import tasks
 from ngramspec import NgramSpeculator, SpeculatorConfig
 from ngramspec.files import write_atomic
+from ngramspec.hf import left_pad
 
 DEFAULT_TASKS = "jfleg,asset,iterater_human,humanevalfix,quixbugs,editeval_instructcoder"
-
-
-def left_pad(prompts: list[list[int]], pad_id: int):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, width - len(p) :] = torch.tensor(p)
-        mask[b, width - len(p) :] = 1
-    return ids, mask
 
 
 def real_new_tokens(row: list[int], eos_ids: set[int]) -> int:

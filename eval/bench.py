@@ -25,8 +25,9 @@ import torch
 
 import tasks
 from ngramspec.files import write_atomic
+from ngramspec.hf import left_pad
 
-from .batch_sweep import left_pad, real_new_tokens
+from .batch_sweep import real_new_tokens
 from .drafter_cost import drafter_us_per_step
 from .methods import HF_PLD_TOKENS, parse_method
 

@@ -21,6 +21,18 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from .decode import StopRule, to_device
 
 
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id rows as one left-padded batch, as ``generate()`` takes it: (ids (B, W), attention
+    mask (B, W)), W the longest row."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row) :] = torch.as_tensor(row, dtype=torch.long)
+        mask[b, width - len(row) :] = 1
+    return ids, mask
+
+
 class HFTarget:
     """A causal LM and its KV cache (a :class:`~ngramspec.decode.Target`)."""
 

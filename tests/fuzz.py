@@ -67,6 +67,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from ngramspec import NgramSpeculator, verify  # importing ngramspec installs the generate hook
+from ngramspec.hf import left_pad
 
 V = 40  # vocabulary of every tiny model
 BOS, EOS, PAD = 0, 1, 1
@@ -311,16 +312,6 @@ def generate_kwargs(case: dict, ids, mask) -> dict:
     return kw
 
 
-def left_pad(rows: list[list[int]]):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, width - len(row) :] = torch.tensor(row)
-        mask[b, width - len(row) :] = 1
-    return ids, (mask if len(rows) > 1 else None)
-
-
 @contextlib.contextmanager
 def patched(all_at_once: bool, fault: bool):
     """Force the all-positions-at-once verify mode, and/or inject the fault (keep the first
@@ -453,7 +444,8 @@ def _error_line(error: Exception) -> str:
 
 def _compare(case: dict, model, spec, rows: list[list[int]], torch_seed: int, fault: bool, totals: dict):
     """One generate() call with the speculator, checked; -> a problem or None."""
-    ids, mask = left_pad(rows)
+    ids, mask = left_pad(rows, PAD)
+    mask = mask if len(rows) > 1 else None  # one row: no mask, as callers pass it
     if case["extras"]["ones_mask"]:
         mask = torch.ones_like(ids)
     kw = generate_kwargs(case, ids, mask)
@@ -521,7 +513,7 @@ def refused_problem(case: dict, model, spec, rows: list[list[int]], kw: dict) ->
     if name == "cfg_in_batch" and len(rows) == 1:
         rows = rows * 2  # a batch, which is what this processor is refused for
         kw["attention_mask"] = None
-    ids, _ = left_pad(rows)
+    ids, _ = left_pad(rows, PAD)
     try:
         model.generate(ids, ngram_speculator=spec, **kw, **REFUSED[name]())
     except UnsupportedGenerationError:

@@ -11,22 +11,13 @@ from transformers import ClassifierFreeGuidanceLogitsProcessor, LogitsProcessor,
 
 from ngramspec import NgramSpeculator, UnsupportedGenerationError
 from ngramspec.decode import _maybe_compact
+from ngramspec.hf import left_pad
 from ngramspec.speculator import Draft, batch_draft_length
 
 from conftest import PROCESSOR_CASES, plain_generate
 from test_exact_tiny import _tiny
 
 PAD = 1  # the tiny models' pad (and EOS) id
-
-
-def left_pad(rows: list[list[int]]):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), PAD)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, width - len(row) :] = torch.tensor(row)
-        mask[b, width - len(row) :] = 1
-    return ids, mask
 
 
 def repetitive_rows(rng, count, vocab=40, lengths=(1, 50)):
@@ -55,7 +46,7 @@ SETTINGS = [
 def test_batch_equals_plain_batch_and_each_row_alone(tiny_model, seed, setting):
     rng = np.random.default_rng(seed)
     rows = repetitive_rows(rng, int(rng.integers(2, 7)))
-    ids, mask = left_pad(rows)
+    ids, mask = left_pad(rows, PAD)
     max_new = int(rng.integers(1, 70))
     spec = NgramSpeculator(**SETTINGS[setting])
     got = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=max_new, ngram_speculator=spec)
@@ -72,7 +63,7 @@ def test_rows_accept_different_amounts_and_long_runs_compact(tiny_model):
     cache) and the cache gets compacted along the way; output still exact."""
     rng = np.random.default_rng(11)
     rows = repetitive_rows(rng, 4, lengths=(5, 60))
-    ids, mask = left_pad(rows)
+    ids, mask = left_pad(rows, PAD)
     spec = NgramSpeculator(min_n=1, verify_cost=((1, 1.0), (512, 1.0)))
     compactions = []
     import ngramspec.decode as batch_module
@@ -102,7 +93,7 @@ def test_rows_accept_different_amounts_and_long_runs_compact(tiny_model):
 def test_row_that_ends_immediately(tiny_model):
     rows = repetitive_rows(np.random.default_rng(3), 3, lengths=(10, 30))
     first = alone(tiny_model, rows[1], max_new_tokens=1)[0]
-    ids, mask = left_pad(rows)
+    ids, mask = left_pad(rows, PAD)
     kwargs = dict(attention_mask=mask, max_new_tokens=40, eos_token_id=[PAD, first])
     spec = NgramSpeculator(min_n=1)
     got = tiny_model.generate(ids, ngram_speculator=spec, **kwargs)
@@ -123,7 +114,7 @@ class BanAfterTwo(LogitsProcessor):
 )
 def test_batch_processors_see_each_rows_prefix(tiny_model, processor_kwargs, verify_mode):
     rows = repetitive_rows(np.random.default_rng(5), 4, lengths=(3, 40))
-    ids, mask = left_pad(rows)
+    ids, mask = left_pad(rows, PAD)
     spec = NgramSpeculator(min_n=1, verify_cost=((1, 1.0), (512, 1.0)))
     got = tiny_model.generate(ids, attention_mask=mask, max_new_tokens=50, ngram_speculator=spec, **processor_kwargs)
     expected = plain_generate(tiny_model, ids, attention_mask=mask, max_new_tokens=50, **processor_kwargs)
@@ -135,7 +126,7 @@ def test_batch_processors_see_each_rows_prefix(tiny_model, processor_kwargs, ver
 
 def test_batch_scores_and_logits_match_plain(tiny_model, verify_mode):
     rows = repetitive_rows(np.random.default_rng(8), 3, lengths=(5, 30))
-    ids, mask = left_pad(rows)
+    ids, mask = left_pad(rows, PAD)
     kwargs = dict(attention_mask=mask, max_new_tokens=30, return_dict_in_generate=True, output_scores=True,
                   output_logits=True, repetition_penalty=1.2)
     expected = plain_generate(tiny_model, ids, **kwargs)
@@ -159,7 +150,7 @@ def test_other_architectures_in_a_batch(arch):
     cannot hold per-row holes, so its rows are decoded one by one. All exact."""
     model = _tiny(arch)
     rows = repetitive_rows(np.random.default_rng(2), 3, lengths=(5, 30))
-    ids, mask = left_pad(rows)
+    ids, mask = left_pad(rows, PAD)
     spec = NgramSpeculator(min_n=1, verify_cost=((1, 1.0), (512, 1.0)))
     kwargs = dict(attention_mask=mask, max_new_tokens=60, pad_token_id=PAD, eos_token_id=PAD)
     got = model.generate(ids, ngram_speculator=spec, **kwargs)
@@ -174,7 +165,7 @@ def test_greedy_num_return_sequences_is_refused(tiny_model):
 
 
 def test_batch_streamer_and_batch_state_processor_are_refused(tiny_model):
-    ids, mask = left_pad([[5, 6, 7], [8, 9]])
+    ids, mask = left_pad([[5, 6, 7], [8, 9]], PAD)
 
     class Sink:
         def put(self, value): ...
@@ -189,7 +180,7 @@ def test_batch_streamer_and_batch_state_processor_are_refused(tiny_model):
 
 def test_prefix_constrained_rows_get_their_own_batch_index(tiny_model):
     rows = repetitive_rows(np.random.default_rng(4), 3, lengths=(5, 30))
-    ids, mask = left_pad(rows)
+    ids, mask = left_pad(rows, PAD)
 
     def allowed(batch_id, sentence):  # depends on the row: rows draw from different token sets
         return list(range(2 + 3 * batch_id, 12 + 3 * batch_id)) if int(sentence[-1]) % 2 else list(range(2, 40))

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from ngramspec import NgramSpeculator
+from ngramspec.hf import left_pad
 
 from conftest import PROCESSOR_CASES, plain_generate, tiny_llama
-from test_batch import left_pad, repetitive_rows
+from test_batch import PAD, repetitive_rows
 from test_exact_tiny import random_prompt
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -64,7 +65,7 @@ def test_processors_on_cuda(cuda_model, processor_kwargs):
 @pytest.mark.parametrize("seed", range(3))
 def test_batches_equal_plain_batched_on_cuda(cuda_model, seed):
     rng = np.random.default_rng(seed)
-    ids, mask = left_pad(repetitive_rows(rng, 5))
+    ids, mask = left_pad(repetitive_rows(rng, 5), PAD)
     ids, mask = ids.cuda(), mask.cuda()
     spec = NgramSpeculator(min_n=1, verify_cost=FLAT)
     got = cuda_model.generate(ids, attention_mask=mask, max_new_tokens=120, eos_token_id=None, ngram_speculator=spec)
