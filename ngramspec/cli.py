@@ -342,7 +342,7 @@ def _process(args, job, path: str, raw: str, config, bar, stream: bool) -> Resum
 
     result = apply_style(result, style)
     if getattr(args, "diff", False):
-        _print(_diff(raw, result, path))
+        job.diff = _diff(raw, result, path)  # printed by the first process, in input order, at the end
     elif getattr(args, "in_place", False):
         _write(Path(path + ".bak"), raw)
         state.save(-1, _digest(split_style(result)[0]))  # marks it done for --resume (which reads it back)
@@ -430,6 +430,8 @@ def _process_share(args, job, raws: list[str], mine: list[int], config, processe
             job.stats = JobStats()  # per document (sampling seeds too, so a split run equals a whole one)
             states.append(_process(args, job, args.inputs[i], raws[i], config, bar, stream))
             records.append({"input": args.inputs[i], "process": processes.rank, **job.stats.as_dict()})
+            if getattr(args, "diff", False):
+                records[-1]["diff"] = job.diff
     finally:
         bar.close()
     return records, states
@@ -453,11 +455,15 @@ def run(args) -> int:
         records, states = _process_share(args, job, raws, mine, config, processes, stream)
         records = processes.gather(records)  # every process's documents, on every process
         processes.close()
+        records = sorted(records, key=lambda r: args.inputs.index(r["input"]))
+        diffs = [r.pop("diff") for r in records if "diff" in r]
+        if diffs and processes.is_main:  # one writer: diffs of several processes never interleave
+            _print("".join(diffs))
         for resume in states:
             resume.clear()
     if args.stats and processes.is_main:
         if many:
-            for record in sorted(records, key=lambda r: args.inputs.index(r["input"])):
+            for record in records:
                 print(json.dumps(record), file=sys.stderr)
             print(json.dumps(_merge(records)), file=sys.stderr)
         else:

@@ -87,6 +87,7 @@ class OnlineCost:
 
     WINDOW = 15  # timings kept per cell: the newest, so the estimate follows a changing load
     MIN_SAMPLES = 3
+    SAME_LOAD = 1.5  # plain steps of two nearby contexts this close in time: the same load
 
     def __init__(self, prior=None):
         self.prior = prior or ContextCurves()
@@ -141,6 +142,13 @@ class OnlineCost:
             needed = 1 if key in self._retimed else self.MIN_SAMPLES
         return statistics.median(s for _, s in timings) if timings and len(timings) >= needed else None
 
+    def _current(self, rows: int, bucket: int, other: int) -> bool:
+        """May a neighbouring context's cells speak for this one? Only where both plain steps
+        ran at a similar speed (within SAME_LOAD): a context the request left during a slow
+        patch is never re-timed, so its ratio must not outlive the patch here."""
+        here, there = self._median(rows, bucket, rows), self._median(rows, other, rows)
+        return here is None or there is None or 1 / self.SAME_LOAD <= there / here <= self.SAME_LOAD
+
     def _prior(self, tokens: int, context: int, rows: int) -> float:
         """The prior relative to a plain step of ``rows`` rows (a batch: rows x positions; never
         below the plain step, where a measured curve dips at a few tokens)."""
@@ -165,7 +173,7 @@ class OnlineCost:
         for distance in (0, 1, -1, 2, -2):
             b = bucket + distance
             plain = self._median(rows, b, rows)
-            if plain is None:
+            if plain is None or (b != bucket and not self._current(rows, bucket, b)):
                 continue
             context = int(2 ** (b / 2 + 0.25))
             ratios = []
@@ -187,8 +195,9 @@ class OnlineCost:
             return 0.0
         bucket = self.bucket(context)
         for distance in (0, 1, -1, 2, -2):  # measured here, else at the nearest measured context
-            plain, here = self._median(rows, bucket + distance, rows), self._median(rows, bucket + distance, tokens)
-            if plain is not None and here is not None:
+            b = bucket + distance
+            plain, here = self._median(rows, b, rows), self._median(rows, b, tokens)
+            if plain is not None and here is not None and (distance == 0 or self._current(rows, bucket, b)):
                 return here / plain
         return 1 + (self._prior(tokens, context, rows) - 1) * self._excess_scale(rows, bucket)
 

@@ -63,8 +63,8 @@ def write_target(path) -> Path | None:
             return None
         if not path.is_symlink():
             return path
-        if path.absolute().is_relative_to("/proc"):  # /dev/stdout -> /proc/self/fd/1 -> ...
-            return None
+        if Path(os.path.realpath(path.parent)).joinpath(path.name).is_relative_to("/proc"):
+            return None  # /dev/stdout -> /proc/self/fd/1, /dev/fd/N (/dev/fd -> /proc/self/fd) -> ...
         path = path.parent / os.readlink(path)  # a relative link is relative to its own folder
     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
 

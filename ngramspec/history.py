@@ -32,10 +32,11 @@ class History:
 
     def add(self, output) -> None:
         """Store one request's output (its newest ``capacity - 1`` tokens at most)."""
-        output = np.asarray(output, dtype=np.int32)[-(self.capacity - 1) :]
+        output = np.asarray(output, dtype=np.int32)
+        output = output[max(0, output.size - (self.capacity - 1)) :]  # with its separator, it fits
         if self.index.length + output.size + 1 > self.capacity:
             # Keep the newer half of what is stored, or less: the new output must fit too.
-            keep = min(self.capacity // 2, self.capacity - output.size - 1, self.index.length)
+            keep = max(0, min(self.capacity // 2, self.capacity - output.size - 1, self.index.length))
             kept = self.index.tokens[self.index.length - keep : self.index.length]
             self._rebuild(np.ascontiguousarray(kept))
         self.index.append(np.concatenate([output, np.array([SEPARATOR], dtype=np.int32)]))

@@ -450,16 +450,19 @@ def test_diff_prints_a_patch_and_writes_nothing(tiny_model_dir, tmp_path, fake_r
     monkeypatch.chdir(tmp_path)
     Path("a.txt").write_text("Teh first line.\nA second line.\nteh end")
     Path("b.txt").write_text("Nothing to fix.\n")
+    Path("c.txt").write_text("The longest file, processed first, with teh typo on its last line.\n" * 3)
     fake_replies.reply = lambda body: body.replace("Teh", "The").replace("teh", "the")
-    assert _main(["rewrite", "a.txt", "b.txt", "--instruction", "Fix typos.", "--model", str(tiny_model_dir),
-                  "--quiet", "--diff"]) == 0
+    assert _main(["rewrite", "a.txt", "b.txt", "c.txt", "--instruction", "Fix typos.", "--model",
+                  str(tiny_model_dir), "--quiet", "--diff"]) == 0
     diff = capsys.readouterr().out
-    assert diff == ("--- a.txt\n+++ a.txt\n@@ -1,3 +1,3 @@\n-Teh first line.\n+The first line.\n A second line.\n"
-                    "-teh end\n\\ No newline at end of file\n+the end\n\\ No newline at end of file\n")  # b: none
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt", "cache"]
+    assert diff.startswith("--- a.txt\n+++ a.txt\n@@ -1,3 +1,3 @@\n-Teh first line.\n+The first line.\n A second "
+                           "line.\n-teh end\n\\ No newline at end of file\n+the end\n\\ No newline at end of file\n"
+                           "--- c.txt\n+++ c.txt\n")  # in input order (c was rewritten first); b: no changes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt", "c.txt", "cache"]
     Path("changes.diff").write_text(diff)
     subprocess.run(["patch", "-p0", "-i", "changes.diff"], check=True, capture_output=True)
     assert Path("a.txt").read_text() == "The first line.\nA second line.\nthe end"
+    assert Path("c.txt").read_text() == "The longest file, processed first, with the typo on its last line.\n" * 3
 
 
 @pytest.mark.slow  # two CLI processes

@@ -90,6 +90,23 @@ def test_a_stale_estimate_heals_once_plain_steps_show_the_load_has_changed():
     assert steady(8, 500) == pytest.approx(1.3)
 
 
+def test_a_neighbouring_context_does_not_keep_a_stale_estimate_alive():
+    """The request left context 800 during a slow patch (that bucket is never re-timed); at
+    1100 the patch ends and plain steps refresh the baseline: neither the dropped cell nor the
+    neighbour's equally old one may speak for 1100 any more."""
+    model = OnlineCost(ContextCurves(((100, LOW),)))
+    for _ in range(OnlineCost.WINDOW):
+        model.observe(1, 800, 0.030)
+    for _ in range(3):
+        model.observe(8, 800, 0.120)
+        model.observe(1, 1100, 0.030)
+        model.observe(8, 1100, 0.120)
+    assert model(8, 1100) == pytest.approx(4.0)
+    for _ in range(OnlineCost.WINDOW):
+        model.observe(1, 1100, 0.010)  # the patch is over
+    assert model(8, 1100) == pytest.approx(LOW(8))
+
+
 def test_cells_added_while_a_scale_is_computed_do_not_break_it():
     """One speculator serves several threads: a timing may arrive from another generate() while
     this one computes the excess scale (it iterates over the cells). Simulated deterministically:

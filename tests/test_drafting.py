@@ -205,3 +205,7 @@ def test_history_stays_within_its_bound_under_eviction():
         # [..., output, separator]: the 4-gram ending at output[-31] continues at length - 31
         assert spec.history.find(output[-40:-30]) == (4, spec.history.index.length - 31)
     assert spec.history.find(outputs[0][:4]) == (0, -1)
+    tiny = NgramSpeculator(min_n=1, max_n=2, history_tokens=1)  # room for a separator only
+    for output in outputs[:3]:
+        tiny.history.add(output)
+        assert tiny.history.index.length <= 1

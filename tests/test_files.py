@@ -124,8 +124,8 @@ def test_an_output_behind_an_open_descriptor_is_appended_to_not_truncated(tmp_pa
     log = tmp_path / "log.txt"
     log.write_text("earlier line\n")
     with open(log, "a") as shell_redirect:
-        path = f"/proc/self/fd/{shell_redirect.fileno()}"
-        assert files.write_target(path) is None
-        files.write_output(path, "the rewrite\n")
-    assert log.read_text() == "earlier line\nthe rewrite\n"
+        for path in (f"/proc/self/fd/{shell_redirect.fileno()}", f"/dev/fd/{shell_redirect.fileno()}"):
+            assert files.write_target(path) is None
+            files.write_output(path, "the rewrite\n")
+    assert log.read_text() == "earlier line\nthe rewrite\nthe rewrite\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt"]
