@@ -465,8 +465,9 @@ def test_diff_prints_a_patch_and_writes_nothing(tiny_model_dir, tmp_path, fake_r
     assert Path("c.txt").read_text() == "The longest file, processed first, with the typo on its last line.\n" * 3
 
 
-@pytest.mark.slow  # two CLI processes
-def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run(tiny_model_dir, tmp_path, cache_env):
+@pytest.mark.slow  # a CLI process
+def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run(tiny_model_dir, tmp_path, cache_env, monkeypatch,
+                                                                      capsys):
     paragraphs = [f"Paragraph {i} has a few words in it, then a few more, to fill most of a chunk." for i in range(8)]
     source = tmp_path / "long.txt"
     source.write_bytes("\r\n\r\n".join(paragraphs).encode() + b"\r\n")
@@ -485,11 +486,12 @@ def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run(tiny_model_
     saved = read_jsonl(resume_dir.glob("*.jsonl"))
     assert 0 < len(saved) < len(paragraphs) and not out.exists()  # one chunk per paragraph
 
-    resumed = cli(args + ["--resume", "--stats"], cache_env)
-    assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stderr.strip().splitlines()[-1])["chunks"] == len(paragraphs) - len(saved)
-    fresh = cli(args[:5] + [str(tmp_path / "fresh.txt")] + args[6:], cache_env)
-    assert fresh.returncode == 0, fresh.stderr
+    # The rerun and the uninterrupted reference run in this process (only the kill needs one).
+    code, _, err = run_main(args + ["--resume", "--stats"], monkeypatch, capsys, cache_env)
+    assert code == 0, err
+    assert json.loads(err.strip().splitlines()[-1])["chunks"] == len(paragraphs) - len(saved)
+    code, _, err = run_main(args[:5] + [str(tmp_path / "fresh.txt")] + args[6:], monkeypatch, capsys, cache_env)
+    assert code == 0, err
     assert out.read_bytes() == (tmp_path / "fresh.txt").read_bytes()
     assert out.read_bytes().count(b"\r\n") == out.read_bytes().count(b"\n")  # CRLF throughout
     assert not (tmp_path / ".out.txt.lock").exists()  # the killed run's lock file, removed by the rerun
