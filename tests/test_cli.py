@@ -165,7 +165,8 @@ def test_missing_instruction_is_a_usage_error(monkeypatch, capsys, cache_env):
 
 
 @pytest.mark.slow
-def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir, tmp_path, cache_env):
+def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir, tmp_path, cache_env, monkeypatch,
+                                                                 capsys):
     paragraphs = [f"Paragraph number {i} has a few words in it." for i in range(40)]
     source = tmp_path / "long.txt"
     source.write_text("\n\n".join(paragraphs) + "\n")
@@ -195,12 +196,13 @@ def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir,
     total = len(split_document(source.read_text(), 32, count, "text"))
     assert 0 < len(saved) < total
 
-    resumed = cli(args + ["--resume"], cache_env)
-    assert resumed.returncode == 0, resumed.stderr
-    stats = json.loads(resumed.stderr.strip().splitlines()[-1])
+    # The rerun and the uninterrupted reference run in this process (only the interrupt needs one).
+    code, _, err = run_main(args + ["--resume"], monkeypatch, capsys, cache_env)
+    assert code == 0, err
+    stats = json.loads(err.strip().splitlines()[-1])
     assert stats["chunks"] == total - len(saved)  # only the unfinished chunks were generated
-    fresh = cli(args[:5] + [str(tmp_path / "fresh.txt")] + args[6:], cache_env)
-    assert fresh.returncode == 0, fresh.stderr
+    code, _, err = run_main(args[:5] + [str(tmp_path / "fresh.txt")] + args[6:], monkeypatch, capsys, cache_env)
+    assert code == 0, err
     assert out.read_text() == (tmp_path / "fresh.txt").read_text()  # resume gives the same result
     assert not any(resume_dir.iterdir())  # state removed after success
 

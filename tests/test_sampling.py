@@ -1,16 +1,20 @@
 """Speculative sampling draws from exactly the target's distribution.
 
-A tiny random Llama with a 6-token vocabulary continues a repetitive prompt by 3 tokens: the
-prefill samples the first, then one verify pass checks a lookup draft for the second (which
-the target sometimes accepts, sometimes rejects) and samples the next. The exact distribution
-of the 216 possible continuations is computed from the model (softmax of the warped logits,
-chained over the three positions); N samples of
-speculative sampling are compared with it by a chi-square goodness-of-fit test (cells with an
-expected count below 5 are pooled), one test per sampling setting.
+A tiny random Llama (one layer, one head: the test pays for thousands of generate() calls, not
+for depth) with a 6-token vocabulary continues a repetitive prompt by 3 tokens: the prefill
+samples the first, then one verify pass checks a lookup draft for the second (which the target
+sometimes accepts, sometimes rejects) and samples the next. The exact distribution of the 216
+possible continuations is computed from the model (softmax of the warped logits, chained over
+the three positions); N samples of speculative sampling are compared with it by a chi-square
+goodness-of-fit test (cells with an expected count below 5 are pooled), one test per sampling
+setting.
 
-Power: with N = 3000 and about 20-40 cells, a deviation of noncentrality N * sum((q - p)^2 / p)
->= 30 (e.g. moving 4% of the probability mass between two cells of p = 0.1: 0.032 * 3000 =
-96) is detected at alpha = 0.001 with power > 0.95 (noncentral chi-square, df 40). The same
+Power: with N = 3000 a deviation of noncentrality N * sum((q - p)^2 / p) >= 96 (e.g. 1.8% of
+the mass moved between two cells of p = 0.02: 3000 * 2 * 0.018^2 / 0.02 = 97) is detected at
+alpha = 0.001 with power >= 0.8: the settings have 27 to 216 cells, and a noncentral
+chi-square with 215 degrees of freedom exceeds the critical value with probability 0.82 at
+noncentrality 96 (0.96 at 125 cells, 1.00 at 27).
+``test_the_chi_square_tests_have_their_stated_power`` computes this for every setting. The same
 test applied to plain transformers sampling checks the exact computation itself.
 """
 
@@ -58,8 +62,8 @@ SETTINGS = {
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(1)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=64,
                          bos_token_id=0, eos_token_id=None, pad_token_id=1)  # 1: not in PROMPT, or
     # generate() would treat those prompt tokens as padding and mask them out
     model = LlamaForCausalLM(config).to(torch.float64).eval()
@@ -157,6 +161,22 @@ def test_plain_sampling_matches_the_exact_distribution(model):
     kwargs, warpers = SETTINGS["top_p"]
     counts, _ = draw_batched(model, kwargs, speculative=False, n=N)
     assert chi_square_p(counts, exact_distribution(model, warpers), N) > ALPHA
+
+
+def pooled_cells(exact: dict, n: int) -> int:
+    """The number of cells chi_square_p tests (the pool of small cells counts as one)."""
+    large = sum(1 for p in exact.values() if p * n >= 5)
+    return large + (large < sum(1 for p in exact.values() if p > 0))
+
+
+def test_the_chi_square_tests_have_their_stated_power(model):
+    """The module docstring's power, computed for every setting from its exact distribution:
+    noncentrality 96 is detected at ALPHA with probability >= 0.8 (and >= 0.99 at 150)."""
+    for setting, (_, warpers) in SETTINGS.items():
+        df = pooled_cells(exact_distribution(model, warpers), N) - 1
+        critical = stats.chi2.ppf(1 - ALPHA, df)
+        power = stats.ncx2.sf(critical, df, 96)
+        assert power >= 0.8 and stats.ncx2.sf(critical, df, 150) >= 0.99, (setting, df, power)
 
 
 def test_a_biased_sampler_would_be_caught(model):
