@@ -206,8 +206,9 @@ def test_batch_with_stop_strings_equals_plain_batch(default_model):
     width = max(map(len, prompts))
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    first_row = plain_generate(model, ids[:1, width - len(prompts[0]):], max_new_tokens=64)[0, len(prompts[0]):]
+    first_row = plain_generate(model, ids[:1, width - len(prompts[0]):], max_new_tokens=12)[0, len(prompts[0]):]
     stop = tokenizer.decode(first_row)[10:14]  # ends row 0 after a few tokens
+    assert len(stop) == 4
     kwargs = dict(attention_mask=mask, max_new_tokens=64, do_sample=False, pad_token_id=pad,
                   stop_strings=[stop], tokenizer=tokenizer)
     plain = plain_generate(model, ids, **kwargs)[:, width:].tolist()
