@@ -9,6 +9,7 @@ HTTP: the same engine core and drafter as offline, behind the server users deplo
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import json
@@ -34,6 +35,12 @@ if hasattr(os, "sched_getaffinity"):
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 os.environ.setdefault("VLLM_CPU_CI_ENV", "1")  # the CPU build's test setting: no warm-up pass per engine start
 
+# KV-cache block size of every test engine. The CPU default is 128, and prefix caching reuses
+# only whole blocks: the 600 samples' ~80-token prompt was prefilled 600 times (~40 s per
+# engine here); with 32-token blocks all but its last partial block comes from the cache. The
+# CPU backend prefers multiples of 32.
+BLOCK_SIZE = 32
+
 NGRAMSPEC = {"method": "custom_class", "model": "ngramspec.vllm.Proposer", "num_speculative_tokens": 16}
 
 MAX_NUM_SEQS = 64  # every greedy prompt in one batch; 600 samples in 10 waves
@@ -56,7 +63,7 @@ def make_llm(model_dir: str, speculative_config=None, max_num_seqs: int = 16, **
     from vllm import LLM
 
     return LLM(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=4096,
-               max_num_seqs=max_num_seqs, speculative_config=speculative_config,
+               max_num_seqs=max_num_seqs, block_size=BLOCK_SIZE, speculative_config=speculative_config,
                disable_log_stats=False, **kwargs)  # stats on: the tests read the speculation counters
 
 
@@ -98,43 +105,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(model_dir: str, log: Path, speculative_config=None, max_num_seqs: int = 8):
+    """Launch `vllm serve` on 127.0.0.1 (loopback only) without waiting: (process, port)."""
+    port = free_port()
+    command = [str(Path(sys.executable).with_name("vllm")), "serve", model_dir, "--host", "127.0.0.1",
+               "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
+               "--block-size", str(BLOCK_SIZE), "--max-num-seqs", str(max_num_seqs), "--served-model-name", "default"]
+    if speculative_config:
+        command += ["--speculative-config", json.dumps(speculative_config)]
+    with open(log, "w") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT), port
+
+
 @contextmanager
-def vllm_server(model_dir: str, log: Path, speculative_config=None, max_num_seqs: int = 8):
-    """`vllm serve` on 127.0.0.1 (loopback only), yielding an openai client once /health answers."""
+def vllm_server(server: subprocess.Popen, port: int, log: Path):
+    """The launched server, yielding an openai client once /health answers; stopped on exit."""
     import urllib.request
 
     import openai
 
-    port = free_port()
-    command = [str(Path(sys.executable).with_name("vllm")), "serve", model_dir, "--host", "127.0.0.1",
-               "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
-               "--max-num-seqs", str(max_num_seqs), "--served-model-name", "default"]
-    if speculative_config:
-        command += ["--speculative-config", json.dumps(speculative_config)]
-    with open(log, "w") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + STARTUP_SECONDS
-            while True:
-                if server.poll() is not None:
-                    pytest.fail(f"vllm serve exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
-                        if reply.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(f"vllm serve not healthy after {STARTUP_SECONDS} s:\n{log.read_text()[-3000:]}")
-                time.sleep(0.5)
-            yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=300)
-        finally:
-            server.terminate()
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"vllm serve exited with {server.returncode}:\n{log.read_text()[-3000:]}")
             try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not healthy after {STARTUP_SECONDS} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=300)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+@functools.cache
+def launched_server() -> tuple[subprocess.Popen, int, Path]:
+    """The ngramspec server, launched once per test run as soon as any engine is needed: it
+    boots (imports, model load: mostly one core, ~20 s) while the plain engine works, and the
+    engine processes never run requests at the same time (the plain engine is done before the
+    first request is sent)."""
+    log = Path(tempfile.mkdtemp(prefix="ngramspec-vllm-")) / "serve.log"
+    server, port = start_server(model_dir(), log, NGRAMSPEC, max_num_seqs=MAX_NUM_SEQS)
+    atexit.register(lambda: server.poll() is None and server.kill())  # never outlives the test run
+    return server, port, log
 
 
 def served_accepted_tokens(client) -> int:
@@ -169,8 +192,9 @@ def engine_outputs(speculative: bool) -> dict:
     * ``chat``: the server test's questions, answered all at once (plain: offline ``chat``,
       the same template and settings a plain server applies).
 
-    The engine is shut down before returning: two engines in one small machine would compete
-    for its cores and memory."""
+    The engine is shut down before returning: two engines serving at once in one small
+    machine would compete for its cores and memory (the server only boots meanwhile)."""
+    launched_server()
     return (_served if speculative else _offline)(greedy_prompts())
 
 
@@ -184,24 +208,31 @@ def _rewriting_prompt(prompts, at_once) -> list[int]:
 def _offline(prompts) -> dict:
     from vllm import SamplingParams
 
+    clock = Phases()
     llm = make_llm(model_dir(), None, max_num_seqs=MAX_NUM_SEQS)
+    clock("start")
     ids = lambda outputs: [list(o.outputs[0].token_ids) for o in outputs]
     at_once = ids(llm.generate([{"prompt_token_ids": p} for p in prompts],
                                SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False))
+    clock("greedy batch")
     sampled = ids(llm.generate(
         [{"prompt_token_ids": _rewriting_prompt(prompts, at_once)}] * SAMPLES,
         [SamplingParams(temperature=0.7, top_p=0.9, max_tokens=4, seed=1000 + i) for i in range(SAMPLES)],
         use_tqdm=False,
     ))
+    clock("samples")
     chat = [o.outputs[0].text for o in llm.chat(chat_questions(), chat_params(), use_tqdm=False)]
+    clock("chat")
     del llm
     gc.collect()
-    return {"batch": at_once, "sampled": sampled, "chat": chat}
+    return {"batch": at_once, "sampled": sampled, "chat": chat, "seconds": clock.seconds}
 
 
 def _served(prompts) -> dict:
-    log = Path(tempfile.mkdtemp(prefix="ngramspec-vllm-")) / "serve.log"
-    with vllm_server(model_dir(), log, NGRAMSPEC, max_num_seqs=MAX_NUM_SEQS) as client:
+    server, port, log = launched_server()
+    clock = Phases()
+    with vllm_server(server, port, log) as client:
+        clock("start (waited)")
         def complete(prompt, **params):
             reply = client.completions.create(model="default", prompt=prompt, extra_body={"return_token_ids": True},
                                               **params)
@@ -213,7 +244,9 @@ def _served(prompts) -> dict:
 
         greedy = dict(temperature=0, max_tokens=MAX_TOKENS)
         one_at_a_time = {i: complete(prompts[i], **greedy) for i in range(0, len(prompts), PER_SET)}
+        clock("greedy one at a time")
         at_once = all_at_once([(p, greedy) for p in prompts])
+        clock("greedy batch")
         greedy_accepted = served_accepted_tokens(client)
         prompt = _rewriting_prompt(prompts, at_once)
         # One request for all SAMPLES continuations (n): the server fans it out, with no HTTP
@@ -224,8 +257,24 @@ def _served(prompts) -> dict:
         sampled = [list(choice.token_ids) for choice in sorted(reply.choices, key=lambda c: c.index)]
         assert len(sampled) == SAMPLES
         sampled_accepted = served_accepted_tokens(client) - greedy_accepted
+        clock("samples")
         chat = ask_all(client, chat_questions())
+        clock("chat")
         chat_accepted = served_accepted_tokens(client) - greedy_accepted - sampled_accepted
     return {"one": one_at_a_time, "batch": at_once, "sampled": sampled, "chat": chat,
             "greedy_accepted": greedy_accepted, "sampled_accepted": sampled_accepted,
-            "chat_accepted": chat_accepted, "log": log.read_text()}
+            "chat_accepted": chat_accepted, "log": log.read_text(), "seconds": clock.seconds}
+
+
+class Phases:
+    """Seconds per phase of an engine's run: ``clock("name")`` ends the phase begun by the
+    previous call (or construction). The tests print them (``make test-vllm`` shows them)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def __call__(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = round(now - self._last, 1)
+        self._last = now
