@@ -77,6 +77,13 @@ class ContextCurves:
         w = (math.log(context) - math.log(c0)) / (math.log(c1) - math.log(c0))
         return (1 - w) * low(tokens) + w * high(tokens)
 
+    def relative(self, tokens: int, context: int, rows: int = 1) -> float:
+        """Relative to a plain step of ``rows`` rows: a batch costs as rows x positions tokens
+        of one row (never below the plain step, where a measured curve dips at a few tokens)."""
+        if rows <= 1:
+            return self(tokens, context)
+        return max(1.0, self(tokens, context) / self(rows, context))
+
 
 class OnlineCost:
     """``cost(tokens, context, rows)``: one forward over ``tokens`` new tokens of ``rows`` rows
@@ -97,6 +104,9 @@ class OnlineCost:
         self._retimed: set[tuple[int, int, int]] = set()  # cells dropped as stale: one new timing counts
         self._tables: dict[tuple, tuple[int, np.ndarray]] = {}
         self._scales: dict[tuple[int, int], tuple[int, float]] = {}
+        self._steps: dict[int, deque] = {}  # engine steps: rows' half-octave -> (x, seconds)
+        self._step_scales: dict[int, tuple[int, float]] = {}  # rows' half-octave -> (at, scale)
+        self.steps_observed = 0
         self.observations = 0
 
     @staticmethod
@@ -150,11 +160,8 @@ class OnlineCost:
         return here is None or there is None or 1 / self.SAME_LOAD <= there / here <= self.SAME_LOAD
 
     def _prior(self, tokens: int, context: int, rows: int) -> float:
-        """The prior relative to a plain step of ``rows`` rows (a batch: rows x positions; never
-        below the plain step, where a measured curve dips at a few tokens)."""
-        if rows <= 1:
-            return self.prior(tokens, context)
-        return max(1.0, self.prior(tokens, context) / self.prior(rows, context))
+        """The prior relative to a plain step of ``rows`` rows."""
+        return self.prior.relative(tokens, context, rows)
 
     def _excess_scale(self, rows: int, bucket: int) -> float:
         """How the measured excess cost (cost - 1) compares with the prior's, at this context
@@ -211,6 +218,75 @@ class OnlineCost:
         table = np.array([self(q, context) for q in range(max_tokens + 1)])
         self._tables[key] = (self.observations, table)
         return table
+
+
+    # --- Engine steps (vLLM): one step over all rows' tokens, flattened --------------------
+    # A step's total rarely repeats (every row drafts its own length), so cells keyed by token
+    # count would never fill. Each timed step instead joins the window of its row count's
+    # half-octave as (x, seconds), x being the prior's excess cost of its total (prior - 1).
+    # A robust line through the window (Theil-Sen: the median of pairwise slopes b, then the
+    # median intercept a, the plain step's time) gives the excess scale b / a. A load that
+    # slows every step alike scales a and b alike and leaves it unchanged; the window keeps the
+    # newest steps, so a changed machine or load is learned within STEP_WINDOW steps. (The
+    # engine prior has no context axis; a step's context moves a and b together, mostly.)
+    STEP_WINDOW = 128
+    MIN_STEPS = 8
+    MIN_SPREAD = 0.05  # least spread in x (max - min) that measures a slope
+
+    def observe_step(self, tokens: int, context: int, rows: int, seconds: float) -> None:
+        """One engine step over ``tokens`` scheduled tokens (every row's last token and draft)
+        of ``rows`` rows with ``context`` tokens each on average took ``seconds``."""
+        if rows <= 0 or tokens < rows or not seconds > 0:
+            return
+        excess = float(self.prior.relative(tokens, context, rows)) - 1
+        with self._lock:
+            window = self._steps.get(self.bucket(64 * rows))  # row counts in half-octaves
+            if window is None:
+                window = self._steps[self.bucket(64 * rows)] = deque(maxlen=self.STEP_WINDOW)
+            window.append((excess, float(seconds)))
+            self.steps_observed += 1
+
+    def step_scale(self, rows: int) -> float:
+        """How the measured excess cost of a step of ``rows`` rows compares with the prior's (1:
+        as the prior says), from its window or the nearest one that measures it. Refitted
+        after 8 more timed steps (an engine asks every step)."""
+        bucket = self.bucket(64 * rows)
+        cached = self._step_scales.get(bucket)
+        if cached is not None and self.steps_observed - cached[0] < 8:
+            return cached[1]
+        scale = 1.0
+        for distance in (0, -1, 1, -2, 2):
+            with self._lock:
+                window = list(self._steps.get(bucket + distance, ()))
+            fitted = _line_scale(window, self.MIN_STEPS, self.MIN_SPREAD)
+            if fitted is not None:
+                scale = fitted
+                break
+        self._step_scales[bucket] = (self.steps_observed, scale)
+        return scale
+
+    def step_costs(self, tokens: np.ndarray, context: int, rows: int) -> np.ndarray:
+        """The cost of a step over each total in ``tokens`` (an array: every total one step
+        could schedule, priced at once), relative to a plain step of ``rows`` rows."""
+        excess = np.asarray(self.prior.relative(np.asarray(tokens), context, rows), dtype=np.float64) - 1
+        return 1 + excess * self.step_scale(rows)
+
+
+def _line_scale(window: list[tuple[float, float]], min_steps: int, min_spread: float) -> float | None:
+    """b / a of the Theil-Sen line seconds = a + b x through ``window`` ((x, seconds) pairs);
+    None where too few steps, too little spread in x, or no positive plain time a."""
+    if len(window) < min_steps:
+        return None
+    x, seconds = np.array(window).T
+    if x.max() - x.min() < min_spread:
+        return None
+    i, j = np.triu_indices(len(x), 1)
+    apart = np.abs(x[j] - x[i]) > min_spread / 10
+    slope = float(np.median((seconds[j] - seconds[i])[apart] / (x[j] - x[i])[apart]))
+    plain = float(np.median(seconds - slope * x))
+    if plain <= 0:
+        return None
+    return min(max(slope / plain, 0.0), 50.0)
 
 
 class ForwardTimer:

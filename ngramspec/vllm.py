@@ -23,11 +23,14 @@ Settings: ``num_speculative_tokens`` is the longest draft; every other
 ``NGRAMSPEC_SETTINGS`` (``"max_n=8,history_tokens=0"``), read by every worker process (vLLM
 validates ``speculative_config`` keys, so they cannot go there). Here ``history_tokens``
 defaults to 100,000: requests draft from earlier requests' outputs too. Draft lengths are set
-per request from its acceptance and the engine's step cost (:class:`StepCost`), for all rows
-of a step together (:func:`ngramspec.sizing.draft_lengths`, flattened). The built-in cost is
-this project's CPU
-measurement; on another machine measure it with ``python -m eval.vllm_cost --out cost.json``
-and point ``NGRAMSPEC_VLLM_COST`` at that file.
+per request from its acceptance and the engine's step cost, for all rows of a step together
+(:func:`ngramspec.sizing.draft_lengths`, flattened). The step cost is learned where the engine
+runs: the time from the end of one ``propose()`` to the start of the next is one engine step
+over a known number of scheduled tokens and rows, and
+:meth:`~ngramspec.costmodel.OnlineCost.observe_step` fits how much dearer (or cheaper) extra
+positions are than the prior (:class:`StepCost`) says. The prior is this project's CPU
+measurement, or ``verify_cost=...`` in the settings, or a file measured with ``python -m
+eval.vllm_cost --out cost.json`` and named by ``NGRAMSPEC_VLLM_COST``; none is required.
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
-from .config import SpeculatorConfig
+from .config import SpeculatorConfig, parse_settings
+from .costmodel import OnlineCost
 from .sizing import draft_lengths
 from .sizing import warm_up as warm_up_sizing
 from .speculator import NgramSpeculator, SpeculationSession
@@ -84,6 +89,7 @@ class StepCost:
         if not curves or any(len(points) < 2 for _, points in curves):
             raise ValueError("StepCost needs at least one curve of two or more (tokens, cost) points.")
         object.__setattr__(self, "curves", curves)
+        object.__setattr__(self, "_tables", {})  # rows -> relative cost by total tokens
 
     @classmethod
     def from_file(cls, path: str) -> StepCost:
@@ -105,6 +111,21 @@ class StepCost:
         if np.ndim(tokens) == 0:
             return float(self._cost(np.array([tokens]), rows)[0])
         return self._cost(np.asarray(tokens), rows)
+
+    def relative(self, tokens, context: int, rows: int):
+        """The prior of :class:`~ngramspec.costmodel.OnlineCost`: relative to a plain step of
+        ``rows`` requests (``rows`` tokens); ``tokens`` an int or an array. (Measured at one
+        context length: ``context`` is not used.) Read from a table per request count, built
+        once: an engine asks every step."""
+        table = self._tables.get(rows)
+        top = int(np.max(tokens)) if np.size(tokens) else 0
+        if table is None or top >= table.shape[0]:
+            size = max(top + 1, 17 * rows + 1, 2 * (0 if table is None else table.shape[0]))
+            table = self._cost(np.arange(size), rows) / float(self._cost(np.array([rows]), rows)[0])
+            if len(self._tables) > 1024:
+                self._tables.clear()
+            self._tables[rows] = table
+        return table[tokens] if np.ndim(tokens) else float(table[tokens])
 
     def _cost(self, tokens: np.ndarray, rows: int) -> np.ndarray:
         if len(self.curves) == 1:
@@ -145,6 +166,7 @@ class RowSessions:
         self.verified: dict[int, int] = {}  # id(session) -> its draft tokens the step verified
         self.rng = np.random.default_rng(seed)
         self.created = 0  # sessions built from a row's whole text
+        self.continued = 0  # rows of the latest step that also ran in the one before (see step)
 
     def holds(self, session: SpeculationSession, row: np.ndarray, uniforms: np.ndarray | None = None) -> bool:
         """Does ``row`` continue ``session``'s text? O(HEAD + TAIL + PROBES). ``uniforms``
@@ -164,6 +186,7 @@ class RowSessions:
         by_head: dict[tuple, list[SpeculationSession]] | None = None  # built when a row moved
         matched: dict[int, SpeculationSession] = {}
         taken: set[int] = set()
+        continued = 0
         for r, (i, row) in enumerate(rows.items()):
             session = self.rows.get(i)
             if session is None or id(session) in taken or not self.holds(session, row, uniforms[r]):
@@ -171,10 +194,12 @@ class RowSessions:
                     by_head = {}
                     for s in list(previous.values()) + list(self.idle.values()):
                         by_head.setdefault(_head(s.index.tokens, s.index.length), []).append(s)
+                failed = session  # this row's session, just found not to hold: not offered again
                 session = next((s for s in by_head.get(_head(row, row.shape[0]), ())
-                                if id(s) not in taken and self.holds(s, row, uniforms[r])), None)
+                                if s is not failed and id(s) not in taken and self.holds(s, row, uniforms[r])), None)
             # Its last draft was verified in the step that just ran unless it was idle.
             was_active = session is not None and id(session) in previous
+            continued += was_active
             if session is None:
                 session = self.speculator.start(row)
                 self.created += 1
@@ -196,6 +221,8 @@ class RowSessions:
             self.idle_tokens -= old.index.length
             self.verified.pop(key, None)
         self.rows = matched
+        # Rows that ran in the last step with the session they have now, when no row left.
+        self.continued = continued if len(previous) == len(rows) else 0
         return matched
 
 
@@ -232,33 +259,39 @@ def _head(tokens: np.ndarray, length: int) -> tuple:
 class Proposer:
     """vLLM ``custom_class`` drafter backed by ngramspec sessions (see the module docstring)."""
 
+    clock = staticmethod(time.perf_counter)  # tests put a fake clock here
+
     def __init__(self, vllm_config, settings: str | None = None):
         spec = vllm_config.speculative_config
         self.max_draft = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         text = os.environ.get(SETTINGS_ENV, "") if settings is None else settings
+        requested = parse_settings(text).get("max_draft_tokens")
+        if requested is not None and SpeculatorConfig.parse_value("max_draft_tokens", requested) > self.max_draft:
+            raise ValueError(
+                f"{SETTINGS_ENV} sets max_draft_tokens={requested}, above vLLM's "
+                f"num_speculative_tokens={self.max_draft}; raise num_speculative_tokens instead."
+            )
         base = SpeculatorConfig(max_draft_tokens=self.max_draft, max_tree_tokens=max(24, self.max_draft),
                                 history_tokens=HISTORY_TOKENS)
         config = SpeculatorConfig.from_overrides(text, base=base)
-        # The step-cost model: a measured file, else a one-request curve from the settings,
-        # else this project's measurement on a 2-core CPU.
+        # The step cost's prior: a measured file, else a one-request curve from the settings
+        # (verify_cost=1:1.0,...; "auto" is the default), else this project's measurement on a
+        # 2-core CPU. Whichever it is, the engine's own steps correct it (OnlineCost.observe_step).
+        device = getattr(getattr(vllm_config, "device_config", None), "device_type", "cpu")
         if os.environ.get(COST_FILE_ENV):
             self.step_cost = StepCost.from_file(os.environ[COST_FILE_ENV])
-        elif "verify_cost" in text:
+        elif config.verify_cost is not None:
             self.step_cost = StepCost(((1, config.verify_cost),))
         else:
             self.step_cost = StepCost(VLLM_CPU_COST)
-            device = getattr(getattr(vllm_config, "device_config", None), "device_type", "cpu")
             if device != "cpu":
                 logger.warning(
-                    "ngramspec sizes drafts by a step cost measured on a 2-core CPU, but this engine runs on "
-                    "%s: extra draft positions are likely cheaper here. Measure it once with `python -m "
-                    "eval.vllm_cost --out cost.json` and set %s=cost.json.", device, COST_FILE_ENV)
-        if config.max_draft_tokens > self.max_draft:
-            raise ValueError(
-                f"{SETTINGS_ENV} sets max_draft_tokens={config.max_draft_tokens}, above vLLM's "
-                f"num_speculative_tokens={self.max_draft}; raise num_speculative_tokens instead."
-            )
+                    "ngramspec starts from a step cost measured on a 2-core CPU, but this engine runs on %s: "
+                    "until it has timed ~%d steps of its own, drafts are sized for the CPU. To start from a "
+                    "measured cost, run `python -m eval.vllm_cost --out cost.json` once and set %s=cost.json.",
+                    device, OnlineCost.MIN_STEPS, COST_FILE_ENV)
+        self.cost = OnlineCost(prior=self.step_cost)
         self.speculator = NgramSpeculator(config)
         spot_check(np.zeros(HEAD, np.int32), np.zeros(HEAD, np.int32), HEAD, np.zeros(PROBES))  # JIT now, not in a step
         warm_up_sizing()
@@ -266,6 +299,10 @@ class Proposer:
         self.steps = 0
         self.drafted_tokens = 0
         self.failures = 0  # steps that raised: drafting restarted, the engine kept going
+        self._failed_in_a_row = 0
+        self._paused = 0  # steps left to skip after repeated failures
+        self._last_end: float | None = None  # when the previous propose() returned
+        self._last_drafted = 0  # draft tokens it proposed, all rows together
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: drafts come from the requests' own text."""
@@ -274,48 +311,72 @@ class Proposer:
         """One draft per row (``[]``: a plain step). A drafting error never takes the engine
         down: it is logged, every session is dropped (rows rebuild theirs from their text) and
         this step drafts nothing; drafts only ever cost time, never correctness."""
+        if self._paused:  # backing off after repeated failures: plain steps, no re-indexing
+            self._paused -= 1
+            self._last_end = None
+            return [[] for _ in sampled_token_ids]
         try:
-            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            drafts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            self._failed_in_a_row = 0
+            return drafts
         except Exception:
             self.failures += 1
-            logger.exception("ngramspec drafting failed (%d so far); its sessions restart", self.failures)
+            self._failed_in_a_row += 1
+            # Each restart re-indexes every row's whole text: after the first failure in a row,
+            # pause 2, 4, 8, ... (at most 1024) steps before the next try.
+            self._paused = min(2 ** (self._failed_in_a_row - 1), 1024) if self._failed_in_a_row > 1 else 0
+            logger.exception("ngramspec drafting failed (%d so far, %d in a row); its sessions restart%s",
+                             self.failures, self._failed_in_a_row,
+                             f" after {self._paused} plain steps" if self._paused else "")
             self.sessions = RowSessions(self.speculator, self.sessions.max_idle, self.sessions.max_idle_tokens)
+            self._last_end = None
             return [[] for _ in sampled_token_ids]
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
+        started = self.clock()
         rows = len(sampled_token_ids)
         drafts: list[list[int]] = [[] for _ in range(rows)]
         # 1. Rows that decode this step (a row still prefilling its prompt sampled nothing).
-        live = {}
+        live, context = {}, 0
         for i, sampled in enumerate(sampled_token_ids):
             n = int(num_tokens_no_spec[i])
             if sampled and n < self.max_model_len - 1:
                 live[i] = token_ids_cpu[i, :n]
+                context += n
+        context //= max(len(live), 1)  # tokens per row, on average
         # 2. Rows -> sessions, each extended with its new tokens.
         sessions = self.sessions.step(live)
-        # 3. Each row's candidate draft (unsized) and acceptance estimate.
+        # 3. The engine step that just ran, timed from the end of the last propose(): learned
+        #    where it ran exactly this step's rows, all decoding, over each row's last token
+        #    and the draft proposed for it (no prefill chunk, no row that came or went: their
+        #    tokens are unknown).
+        if self._last_end is not None and live and len(live) == rows and self.sessions.continued == rows:
+            self.cost.observe_step(rows + self._last_drafted, context, rows, started - self._last_end)
+        # 4. Each row's candidate draft (unsized) and acceptance estimate.
         order = list(sessions)
         candidates = []
         for i in order:
             room = self.max_model_len - int(num_tokens_no_spec[i]) - 1
             candidates.append(sessions[i].propose(max_tokens=min(self.max_draft, room), sized=False, tree=False))
-        # 4. One length per row, for all rows together (the step's total token count).
-        lengths = self._lengths(candidates)
+        # 5. One length per row, for all rows together (the step's total token count).
+        lengths = self._lengths(candidates, context)
         for i, draft, k in zip(order, candidates, lengths):
             self.sessions.verified[id(sessions[i])] = int(k)
             drafts[i] = draft.tokens[:k].tolist()
+        self._last_drafted = int(lengths.sum()) if len(order) else 0
         self.steps += 1
-        self.drafted_tokens += int(lengths.sum()) if len(order) else 0
+        self.drafted_tokens += self._last_drafted
+        self._last_end = self.clock()
         return drafts
 
-    def _lengths(self, candidates) -> np.ndarray:
+    def _lengths(self, candidates, context: int) -> np.ndarray:
         limits = np.array([len(d) for d in candidates], dtype=np.int64)
         if not self.speculator.config.payoff_sizing:
             return limits
         acceptance = np.array([d.acceptance for d in candidates], dtype=np.float64)
         rows = len(candidates)
-        step_costs = self.step_cost(rows + np.arange(int(limits.sum()) + 1), rows)  # every total at once
-        return draft_lengths(acceptance, limits, np.asarray(step_costs, dtype=np.float64), False)[0]
+        step_costs = self.cost.step_costs(rows + np.arange(int(limits.sum()) + 1), context, rows)  # every total
+        return draft_lengths(acceptance, limits, step_costs, False)[0]
 
 
 def _max_num_seqs(vllm_config) -> int:

@@ -113,11 +113,12 @@ def test_cells_added_while_a_scale_is_computed_do_not_break_it():
     the prior, called inside that computation, observes a new cell."""
     model = OnlineCost()
 
-    def prior(tokens, context):
-        model.observe(tokens + 100, context, 0.02)  # what another thread would do meanwhile
-        return LOW(tokens)
+    class Meddling:
+        def relative(self, tokens, context, rows=1):
+            model.observe(tokens + 100, context, 0.02)  # what another thread would do meanwhile
+            return LOW(tokens)
 
-    model.prior = prior
+    model.prior = Meddling()
     for q in (1, 4, 6):
         for _ in range(3):
             model.observe(q, 500, 0.010 * (1 + q / 10))

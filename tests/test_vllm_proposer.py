@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ngramspec.vllm import Proposer, RowSessions, StepCost, spot_check, spot_check_reference
+from ngramspec.vllm import VLLM_CPU_COST, Proposer, RowSessions, StepCost, spot_check, spot_check_reference
 
 MAX_LEN = 4096
 
@@ -170,6 +170,21 @@ def test_a_row_taken_by_another_request_with_the_same_head_gets_a_new_session():
     assert first in sessions.idle.values()
 
 
+def test_a_session_that_fails_its_check_is_not_offered_to_its_row_again(monkeypatch):
+    """A same-length near-identical request in the row: its old session fails the spot check
+    once and is not checked again by the head lookup (it would fail once more, at best)."""
+    sessions = RowSessions(Proposer(vllm_config()).speculator)
+    row = np.arange(1000, 1200, dtype=np.int32)
+    old = sessions.step({0: row})[0]
+    other = row.copy()
+    other[-5:] += 1  # the same head, another tail
+    checked = []
+    holds = RowSessions.holds
+    monkeypatch.setattr(RowSessions, "holds", lambda self, s, r, u=None: checked.append(s) or holds(self, s, r, u))
+    new = sessions.step({0: other})[0]
+    assert new is not old and checked.count(old) == 1
+
+
 def test_a_changed_middle_is_caught_by_random_probes():
     speculator = Proposer(vllm_config()).speculator
     sessions = RowSessions(speculator)
@@ -192,6 +207,17 @@ def test_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("NGRAMSPEC_SETTINGS", "max_draft_tokens=20")
     with pytest.raises(ValueError, match="raise num_speculative_tokens"):
         Proposer(vllm_config(k=10))
+    monkeypatch.setenv("NGRAMSPEC_SETTINGS", "max_draft_tokens=64")  # past max_tree_tokens too
+    with pytest.raises(ValueError, match="max_draft_tokens=64, above vLLM's num_speculative_tokens=16"):
+        Proposer(vllm_config(k=16))
+
+
+def test_verify_cost_settles_the_prior_and_auto_is_the_built_in_one(monkeypatch):
+    monkeypatch.setenv("NGRAMSPEC_SETTINGS", "verify_cost=auto")
+    assert Proposer(vllm_config(k=8)).step_cost == StepCost(VLLM_CPU_COST)  # it failed at start before
+    monkeypatch.setenv("NGRAMSPEC_SETTINGS", "verify_cost=1:1.0,8:1.5")
+    proposer = Proposer(vllm_config(k=8))
+    assert proposer.step_cost(8, 1) == 1.5 and proposer.cost.prior is proposer.step_cost
 
 
 def test_no_draft_past_the_model_length():
@@ -238,6 +264,23 @@ def test_a_drafting_error_never_reaches_the_engine(monkeypatch, caplog):
     assert proposer.propose(*args)[0]  # drafting resumes with fresh sessions
 
 
+def test_repeated_drafting_errors_back_off(monkeypatch):
+    """Each failure restarts every session (a whole-text re-index per row at the next step):
+    failures in a row pause drafting for 2, 4, 8, ... steps, and a success resets that."""
+    proposer = Proposer(vllm_config(k=8))
+    prompt = np.tile(np.arange(200, 210, dtype=np.int32), 6)
+    args = ([[int(prompt[-1])]], np.array([60]), prompt[None, :].copy())
+    tries = []
+    monkeypatch.setattr(RowSessions, "step", lambda self, rows: tries.append(1) / 0)
+    for _ in range(1 + 1 + 2 + 1 + 4 + 1):  # fail, fail, 2 paused, fail, 4 paused, fail
+        assert proposer.propose(*args) == [[]]
+    assert len(tries) == proposer.failures == 4
+    monkeypatch.undo()
+    for _ in range(8):  # 8 paused steps, then drafting resumes
+        assert proposer.propose(*args) == [[]]
+    assert proposer.propose(*args)[0] and proposer._failed_in_a_row == 0
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=80), st.integers(0, 80), st.integers(-1, 79),
        st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=0, max_size=8))
@@ -258,3 +301,62 @@ def test_the_cpu_step_cost_on_an_accelerator_is_flagged(caplog):
         config.device_config = SimpleNamespace(device_type="cuda")
         Proposer(config)
     assert len(caplog.records) == 1 and "measured on a 2-core CPU, but this engine runs on cuda" in caplog.text
+
+
+class TimedEngine(FakeEngine):
+    """A FakeEngine whose steps take time on a fake clock: a step over T scheduled tokens of R
+    rows takes 10 ms x (1 + true_scale x (the prior's excess cost of T)), times noise."""
+
+    def __init__(self, proposer, true_scale, slots, seed=0, slow=()):
+        super().__init__(proposer, slots=slots, seed=seed)
+        self.now, self.true_scale, self.slow, self.steps = 0.0, true_scale, slow, 0
+        self.noise = np.random.default_rng(seed)
+        proposer.clock = lambda: self.now
+
+    def step(self):
+        rows = len(self.rows)
+        if rows:
+            scheduled = sum(1 + len(req["draft"]) for req in self.rows)
+            context = int(np.mean(self.count[:rows]))
+            excess = self.proposer.step_cost.relative(scheduled, context, rows) - 1
+            seconds = 0.010 * (1 + self.true_scale * excess) * self.noise.uniform(0.9, 1.1)
+            self.now += seconds * (10 if self.steps in self.slow else 1)  # a noisy neighbour
+        self.steps += 1
+        super().step()
+
+
+def drafting_with(true_scale, slow=()):
+    proposer = Proposer(vllm_config(k=8, max_num_seqs=6))
+    rng = np.random.default_rng(3)
+    requests = [copying_request(1000 * (i + 1), length=300, rng=rng) for i in range(24)]
+    for r in requests:  # long outputs that copy: most steps run the same rows, all drafting
+        r["output"] = np.concatenate([r["prompt"][s : s + 40] for s in (10, 100, 200, 50)])
+    engine = TimedEngine(proposer, true_scale, slots=6, slow=slow)
+    waiting = list(requests)
+    while waiting or engine.rows:
+        while waiting and len(engine.rows) < 6:
+            engine.add(waiting.pop(0))
+        engine.step()
+    assert all(r["done"] == len(r["output"]) for r in requests)
+    return proposer, proposer.drafted_tokens / proposer.steps
+
+
+@pytest.mark.parametrize("true_scale", [0.4, 2.5])
+def test_the_step_cost_is_learned_from_the_engine_own_steps(true_scale):
+    """Extra positions cost 0.4x or 2.5x what the built-in prior says (a machine unlike the one
+    it was measured on): the proposer learns that from the time between propose() calls, with
+    no cost file, and drafts more where positions are cheaper, fewer where dearer."""
+    proposer, _ = drafting_with(true_scale)
+    learned = proposer.cost.step_scale(rows=6)
+    assert learned == pytest.approx(true_scale, rel=0.25), learned
+    _, per_step_cheap = drafting_with(0.4)
+    _, per_step_dear = drafting_with(2.5)
+    assert per_step_cheap > 1.2 * per_step_dear
+
+
+def test_a_slow_patch_does_not_change_the_learned_scale():
+    """Ten steps 10x slower (a noisy neighbour) slow plain and drafted steps alike: the
+    learned excess scale stays where the steady machine puts it."""
+    steady, _ = drafting_with(2.5)
+    noisy, _ = drafting_with(2.5, slow=range(60, 70))
+    assert noisy.cost.step_scale(6) == pytest.approx(steady.cost.step_scale(6), rel=0.2)
