@@ -2,6 +2,8 @@
 n-gram sizes, and k=10 with n 2-5), vLLM's ``suffix`` (SuffixDecoding) and ngramspec.
 
     .venv-vllm/bin/python -m eval.vllm_bench --limit 5 --concurrency 1,16 --out eval/results/vllm_bench
+    .venv-vllm/bin/python -m eval.vllm_bench --limit 2 --concurrency 16 --rounds 3 --prior-scale 2 \
+        --methods none,ngram,suffix,ngramspec --max-tokens 96 --out eval/results/vllm_rounds
 
 Same items, prompts and greedy settings for every method; each method runs in its own process
 (one engine each, after an untimed warm-up request). Concurrency 1 sends requests one at a time;
@@ -9,7 +11,11 @@ concurrency C lets the engine run C requests at once (``max_num_seqs=C``, all su
 together). Reported per method: tokens/s, ratio to no speculation, MAT over all steps (new
 tokens per target forward, this project's metric) and over steps that drafted (vLLM's "mean
 acceptance length"), drafted tokens per drafted step, and the share of items whose token ids
-equal no speculation's.
+equal no speculation's. With ``--rounds N`` every method runs N times, the order rotated
+each round, and the times are medians (each round's tokens/s is listed too): the noise on a
+shared machine is larger than the margins. ``--prior-scale S`` starts ngramspec from a step
+cost whose excess is S times the built-in one (a wrong prior on purpose: the engine's own
+steps must correct it).
 """
 
 from __future__ import annotations
@@ -94,6 +100,24 @@ def run_method(method: str, items: list[dict], concurrency: int, max_tokens: int
     }
 
 
+def median_runs(rounds: list[dict]) -> dict:
+    """One run per (concurrency, method): the first round's outputs (every round must give the
+    same: greedy, same engine) with the median seconds over the rounds, and each round's
+    tokens/s under ``round_seconds``."""
+    import statistics
+
+    merged = {}
+    for key, first in rounds[0].items():
+        runs = [r[key] for r in rounds]
+        if any(r["outputs"] != first["outputs"] for r in runs):
+            print(f"warning: {key[1]} at concurrency {key[0]} gave different outputs in different rounds",
+                  file=sys.stderr)
+        merged[key] = dict(first, seconds=statistics.median(r["seconds"] for r in runs),
+                           item_seconds=[statistics.median(s) for s in zip(*(r["item_seconds"] for r in runs))],
+                           round_seconds=[r["seconds"] for r in runs])
+    return merged
+
+
 def summarise(runs: dict, items: list[dict]) -> list[dict]:
     """One row per (concurrency, method, family or 'overall')."""
     rows = []
@@ -119,6 +143,7 @@ def summarise(runs: dict, items: list[dict]) -> list[dict]:
                 row["mat_all_steps"] = total / max(total - spec["accepted_tokens"], 1)
                 row["mat_drafted_steps"] = 1 + spec["accepted_tokens"] / spec["drafts"] if spec["drafts"] else 1.0
                 row["drafted_per_draft"] = spec["draft_tokens"] / spec["drafts"] if spec["drafts"] else 0.0
+                row["rounds_tok_s"] = [total / s for s in run.get("round_seconds", [run["seconds"]])]
             rows.append(row)
     return rows
 
@@ -138,12 +163,13 @@ def family_markdown(rows: list[dict]) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| concurrency | method | tok/s | vs none | MAT (all steps) | MAT (drafted steps) | drafted/draft "
-             "| identical |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| concurrency | method | tok/s (median) | vs none | each round | MAT (all steps) | MAT (drafted steps) "
+             "| drafted/draft | identical |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["family"] == "overall":
-            lines.append(f"| {r['concurrency']} | {r['method']} | {r['tok_s']:.1f} | {r['vs_none']:.2f}x | "
+            each = ", ".join(f"{t:.1f}" for t in r["rounds_tok_s"])
+            lines.append(f"| {r['concurrency']} | {r['method']} | {r['tok_s']:.1f} | {r['vs_none']:.2f}x | {each} | "
                          f"{r['mat_all_steps']:.2f} | {r['mat_drafted_steps']:.2f} | {r['drafted_per_draft']:.1f} | "
                          f"{100 * r['identical']:.0f}% |")
     return "\n".join(lines) + "\n"
@@ -163,6 +189,11 @@ def main(argv=None) -> int:
     parser.add_argument("--data-dir", default=None,
                         help="shared data directory (default: $NGRAMSPEC_DATA or ../shared/data)")
     parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every method this many times, the order rotated each round; times are medians")
+    parser.add_argument("--prior-scale", type=float, default=None,
+                        help="start ngramspec from the built-in step cost with its excess cost scaled by this "
+                             "(a prior wrong on purpose, as on a machine unlike the one it was measured on)")
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -193,21 +224,34 @@ def main(argv=None) -> int:
         [(f, [i for i in items if i["family"] == f]) for f in sorted({i["family"] for i in items})]
     report = {"command": " ".join([Path(sys.executable).name, "-m", "eval.vllm_bench", *(argv or sys.argv[1:])]),
               "items": len(items), "rows": []}
+    if args.prior_scale is not None:
+        from ngramspec.vllm import COST_FILE_ENV, VLLM_CPU_COST
+
+        scaled = {str(rows): [[n, 1 + args.prior_scale * (c - 1)] for n, c in points] for rows, points in VLLM_CPU_COST}
+        (out / "prior.json").write_text(json.dumps({"curves": scaled}))
+        env[COST_FILE_ENV] = str(out / "prior.json")  # read by ngramspec's proposer only
+        report["prior_scale"] = args.prior_scale
     for group, group_items in groups:
-        runs = {}
-        for concurrency in args.concurrency:
-            for method in methods:
-                job = {"method": method, "items": group_items, "concurrency": concurrency,
-                       "max_tokens": args.max_tokens, "model": model, "max_model_len": args.max_model_len,
-                       "result": str(out / f"run-{group}-{method}-c{concurrency}.json")}
-                job_path = out / f"job-{group}-{method}-c{concurrency}.json"
-                job_path.write_text(json.dumps(job))
-                print(f"[{group}] {method} at concurrency {concurrency}: {len(group_items)} items ...",
-                      file=sys.stderr, flush=True)
-                subprocess.run([sys.executable, "-m", "eval.vllm_bench", "--worker", str(job_path)], cwd=ROOT, env=env,
-                               check=True, stdout=subprocess.DEVNULL if not os.environ.get("VERBOSE") else None)
-                runs[(concurrency, method)] = json.loads(Path(job["result"]).read_text())
-                job_path.unlink()
+        rounds: list[dict] = []
+        for round_index in range(args.rounds):
+            runs = {}
+            shift = round_index % len(methods)
+            for concurrency in args.concurrency:
+                for method in methods[shift:] + methods[:shift]:  # rotated: drift hits every method alike
+                    job = {"method": method, "items": group_items, "concurrency": concurrency,
+                           "max_tokens": args.max_tokens, "model": model, "max_model_len": args.max_model_len,
+                           "result": str(out / f"run-{group}-{method}-c{concurrency}-r{round_index}.json")}
+                    job_path = out / f"job-{group}-{method}-c{concurrency}.json"
+                    job_path.write_text(json.dumps(job))
+                    print(f"[{group}] round {round_index + 1}/{args.rounds}: {method} at concurrency {concurrency}: "
+                          f"{len(group_items)} items ...", file=sys.stderr, flush=True)
+                    subprocess.run([sys.executable, "-m", "eval.vllm_bench", "--worker", str(job_path)], cwd=ROOT,
+                                   env=env, check=True,
+                                   stdout=subprocess.DEVNULL if not os.environ.get("VERBOSE") else None)
+                    runs[(concurrency, method)] = json.loads(Path(job["result"]).read_text())
+                    job_path.unlink()
+            rounds.append(runs)
+        runs = median_runs(rounds)
         rows = summarise(runs, group_items)
         for r in rows:
             r["group"] = group

@@ -107,6 +107,7 @@ class OnlineCost:
         self._steps: dict[int, deque] = {}  # engine steps: rows' half-octave -> (x, seconds)
         self._step_scales: dict[int, tuple[int, float]] = {}  # rows' half-octave -> (at, scale)
         self.steps_observed = 0
+        self._unmeasured_asks = 0  # step_costs calls with no measured scale (exploration)
         self.observations = 0
 
     @staticmethod
@@ -232,6 +233,11 @@ class OnlineCost:
     STEP_WINDOW = 128
     MIN_STEPS = 8
     MIN_SPREAD = 0.05  # least spread in x (max - min) that measures a slope
+    # Where no line is measured yet (too few steps, or all of one size: a prior that makes
+    # drafts look dear keeps every step plain and would never learn otherwise), one step in
+    # EXPLORE_EVERY is sized as if extra positions cost EXPLORE_SCALE of the prior's excess.
+    EXPLORE_EVERY = 4
+    EXPLORE_SCALE = 0.25
 
     def observe_step(self, tokens: int, context: int, rows: int, seconds: float) -> None:
         """One engine step over ``tokens`` scheduled tokens (every row's last token and draft)
@@ -246,21 +252,20 @@ class OnlineCost:
             window.append((excess, float(seconds)))
             self.steps_observed += 1
 
-    def step_scale(self, rows: int) -> float:
+    def step_scale(self, rows: int) -> float | None:
         """How the measured excess cost of a step of ``rows`` rows compares with the prior's (1:
-        as the prior says), from its window or the nearest one that measures it. Refitted
-        after 8 more timed steps (an engine asks every step)."""
+        as the prior says), from its window or the nearest one that measures it; None where
+        none does. Refitted after 8 more timed steps (an engine asks every step)."""
         bucket = self.bucket(64 * rows)
         cached = self._step_scales.get(bucket)
         if cached is not None and self.steps_observed - cached[0] < 8:
             return cached[1]
-        scale = 1.0
+        scale = None
         for distance in (0, -1, 1, -2, 2):
             with self._lock:
                 window = list(self._steps.get(bucket + distance, ()))
-            fitted = _line_scale(window, self.MIN_STEPS, self.MIN_SPREAD)
-            if fitted is not None:
-                scale = fitted
+            scale = _line_scale(window, self.MIN_STEPS, self.MIN_SPREAD)
+            if scale is not None:
                 break
         self._step_scales[bucket] = (self.steps_observed, scale)
         return scale
@@ -269,7 +274,11 @@ class OnlineCost:
         """The cost of a step over each total in ``tokens`` (an array: every total one step
         could schedule, priced at once), relative to a plain step of ``rows`` rows."""
         excess = np.asarray(self.prior.relative(np.asarray(tokens), context, rows), dtype=np.float64) - 1
-        return 1 + excess * self.step_scale(rows)
+        scale = self.step_scale(rows)
+        if scale is None:  # nothing measured here yet: the prior, and now and then an optimistic try
+            self._unmeasured_asks += 1
+            scale = self.EXPLORE_SCALE if self._unmeasured_asks % self.EXPLORE_EVERY == 0 else 1.0
+        return 1 + excess * scale
 
 
 def _line_scale(window: list[tuple[float, float]], min_steps: int, min_spread: float) -> float | None:

@@ -325,8 +325,8 @@ class TimedEngine(FakeEngine):
         super().step()
 
 
-def drafting_with(true_scale, slow=()):
-    proposer = Proposer(vllm_config(k=8, max_num_seqs=6))
+def drafting_with(true_scale, slow=(), settings=None):
+    proposer = Proposer(vllm_config(k=8, max_num_seqs=6), settings=settings)
     rng = np.random.default_rng(3)
     requests = [copying_request(1000 * (i + 1), length=300, rng=rng) for i in range(24)]
     for r in requests:  # long outputs that copy: most steps run the same rows, all drafting
@@ -360,3 +360,13 @@ def test_a_slow_patch_does_not_change_the_learned_scale():
     steady, _ = drafting_with(2.5)
     noisy, _ = drafting_with(2.5, slow=range(60, 70))
     assert noisy.cost.step_scale(6) == pytest.approx(steady.cost.step_scale(6), rel=0.2)
+
+
+def test_a_prior_that_forbids_drafting_is_still_corrected():
+    """A prior under which no draft pays (every position costs a full token) keeps every step
+    plain, and plain steps alone cannot show what a draft costs: an occasional optimistic step
+    measures it. Here extra positions really cost a tenth of that: learned, and drafting
+    follows."""
+    proposer, per_step = drafting_with(0.1, settings="verify_cost=1:1.0,2:2.0,32:32.0")
+    assert proposer.cost.step_scale(6) == pytest.approx(0.1, rel=0.3)
+    assert per_step > 5
