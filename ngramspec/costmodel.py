@@ -220,7 +220,6 @@ class OnlineCost:
         self._tables[key] = (self.observations, table)
         return table
 
-
     # --- Engine steps (vLLM): one step over all rows' tokens, flattened --------------------
     # A step's total rarely repeats (every row drafts its own length), so cells keyed by token
     # count would never fill. Each timed step instead joins the window of its row count's
