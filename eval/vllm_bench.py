@@ -206,6 +206,10 @@ def main(argv=None) -> int:
         Path(job["result"]).write_text(json.dumps(run))
         return 0
 
+    if args.rounds < 1:
+        parser.error(f"--rounds must be 1 or more, got {args.rounds}")
+    if args.prior_scale is not None and not args.prior_scale >= 0:
+        parser.error(f"--prior-scale must be 0 or more, got {args.prior_scale}")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if unknown:

@@ -313,3 +313,13 @@ def test_drafter_and_oracle_settings_use_the_shared_parser(tmp_path):
     trace = {"dataset": "jfleg", "prompt_ids": [1, 2, 3, 4, 5, 6, 7], "output_ids": [1, 2, 3, 4, 5, 6, 7]}
     results = replay_all([trace], ["oracle:k=1", "oracle"], STEEP_CPU_CURVE)
     assert results["oracle:k=1"]["overall"]["mat"] < results["oracle"]["overall"]["mat"]
+
+
+@pytest.mark.parametrize("args, message", [(["--rounds", "0"], "--rounds must be 1 or more"),
+                                           (["--prior-scale", "-1"], "--prior-scale must be 0 or more")])
+def test_vllm_bench_refuses_bad_rounds_and_prior_scale(args, message, capsys):
+    from eval import vllm_bench
+
+    with pytest.raises(SystemExit) as exit_info:
+        vllm_bench.main(args)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
