@@ -47,9 +47,11 @@ from numba import njit
 
 from .config import SpeculatorConfig, parse_settings
 from .costmodel import OnlineCost
+from .sessions import ACTIVE, LENGTH, STAMP, VERIFIED, SessionTable
+from .sessions import warm_up as warm_up_sessions
 from .sizing import draft_lengths
 from .sizing import warm_up as warm_up_sizing
-from .speculator import NgramSpeculator, SpeculationSession
+from .speculator import NgramSpeculator
 
 logger = logging.getLogger(__name__)
 
@@ -145,85 +147,114 @@ HEAD, TAIL, PROBES = 16, 32, 8
 
 
 class RowSessions:
-    """Rows of vLLM's persistent batch -> ngramspec sessions.
+    """Rows of vLLM's persistent batch -> slots of a :class:`~ngramspec.sessions.SessionTable`.
 
-    Each step, a row keeps the session it had if the spot checks pass; otherwise it takes the
-    moved or idle session whose text it continues (looked up by its first tokens), or a new
-    session indexes its whole text once (a new request, or one whose session was evicted).
-    Sessions no row took go idle: their output joins the speculator's history (if enabled) and
-    a preempted request comes back to its session. At most ``max_idle`` idle sessions holding
-    ``max_idle_tokens`` tokens in all are kept, oldest evicted first, so memory stays bounded
-    under a server that runs for months.
+    Each step, a row keeps the slot it had if the spot checks pass (one compiled call checks
+    every row); otherwise it takes the moved or idle slot whose text it continues (looked up by
+    its first tokens), or a new slot indexes its whole text once (a new request, or one whose
+    slot was evicted). Slots no row took go idle: their output joins the speculator's history
+    (if enabled) and a preempted request comes back to its slot. At most ``max_idle`` idle
+    slots holding ``max_idle_tokens`` tokens in all are kept, oldest evicted first, so memory
+    stays bounded under a server that runs for months.
     """
 
     def __init__(self, speculator: NgramSpeculator, max_idle: int = 64, max_idle_tokens: int = 1_000_000,
                  seed: int = 0):
         self.speculator = speculator
+        self.table = SessionTable(speculator.config, speculator.history)
         self.max_idle, self.max_idle_tokens = max_idle, max_idle_tokens
         self.idle_tokens = 0
-        self.rows: dict[int, SpeculationSession] = {}  # row -> session, from the last step
-        self.idle: OrderedDict[int, SpeculationSession] = OrderedDict()  # id -> session, oldest first
-        self.verified: dict[int, int] = {}  # id(session) -> its draft tokens the step verified
+        self.rows = np.zeros(0, dtype=np.int64)  # row index -> its slot in the last step (-1: none)
+        self.active = np.zeros(0, dtype=np.int64)  # the last step's slots
+        self.idle: OrderedDict[int, None] = OrderedDict()  # idle slots, oldest first
         self.rng = np.random.default_rng(seed)
-        self.created = 0  # sessions built from a row's whole text
+        self.created = 0  # slots built from a row's whole text
+        self.steps = 0
         self.continued = 0  # rows of the latest step that also ran in the one before (see step)
 
-    def holds(self, session: SpeculationSession, row: np.ndarray, uniforms: np.ndarray | None = None) -> bool:
-        """Does ``row`` continue ``session``'s text? O(HEAD + TAIL + PROBES). ``uniforms``
+    def length(self, slot: int) -> int:
+        """Tokens slot ``slot`` has indexed."""
+        return int(self.table.state[slot, LENGTH])
+
+    def holds(self, slot: int, row: np.ndarray, uniforms: np.ndarray | None = None) -> bool:
+        """Does ``row`` continue slot ``slot``'s text? O(HEAD + TAIL + PROBES). ``uniforms``
         (PROBES floats in [0, 1)) place the random probes; drawn here when not given."""
-        seen = session.index.length
+        seen = self.length(slot)
         if seen == 0 or seen > row.shape[0]:
             return False
         if uniforms is None:
             uniforms = self.rng.random(PROBES)
-        return bool(spot_check(session.index.tokens, row, seen, uniforms))
+        return bool(spot_check(self.table.streams[slot], row, seen, uniforms))
 
-    def step(self, rows: dict[int, np.ndarray]) -> dict[int, SpeculationSession]:
-        """Match every decoding row (index -> its whole text) to a session, extend the session
-        with the row's new tokens, and return row -> session."""
-        previous = {id(s): s for s in self.rows.values()}
-        uniforms = self.rng.random((len(rows), PROBES))  # every row's probes in one draw
-        by_head: dict[tuple, list[SpeculationSession]] | None = None  # built when a row moved
-        matched: dict[int, SpeculationSession] = {}
-        taken: set[int] = set()
-        continued = 0
-        for r, (i, row) in enumerate(rows.items()):
-            session = self.rows.get(i)
-            if session is None or id(session) in taken or not self.holds(session, row, uniforms[r]):
-                if by_head is None:
-                    by_head = {}
-                    for s in list(previous.values()) + list(self.idle.values()):
-                        by_head.setdefault(_head(s.index.tokens, s.index.length), []).append(s)
-                failed = session  # this row's session, just found not to hold: not offered again
-                session = next((s for s in by_head.get(_head(row, row.shape[0]), ())
-                                if s is not failed and id(s) not in taken and self.holds(s, row, uniforms[r])), None)
-            # Its last draft was verified in the step that just ran unless it was idle.
-            was_active = session is not None and id(session) in previous
-            continued += was_active
-            if session is None:
-                session = self.speculator.start(row)
-                self.created += 1
-            taken.add(id(session))
-            if self.idle.pop(id(session), None) is not None:
-                self.idle_tokens -= session.index.length
-            seen = session.index.length
-            if seen < row.shape[0]:
-                verified = self.verified.get(id(session), 0) if was_active else 0
-                session.extend(row[seen:], verified=verified)
-            matched[i] = session
-        for key, session in previous.items():
-            if key not in taken:  # finished (or preempted: then it may come back)
-                session.finish()  # its output joins the history once, however often it goes idle
-                self.idle[key] = session
-                self.idle_tokens += session.index.length
+    def step(self, token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Match every decoding row (``rows`` (A,) indices into ``token_ids``, row r's text
+        ``token_ids[rows[r], :ends[r]]``) to a slot; returns the slots (A,). The slots extend
+        with their rows' new tokens when they draft (:meth:`SessionTable.draft`)."""
+        count = rows.shape[0]
+        uniforms = self.rng.random((count, PROBES))  # every row's probes in one draw
+        had = np.full(count, -1, dtype=np.int64)
+        known = rows < self.rows.shape[0]
+        had[known] = self.rows[rows[known]]
+        slots = np.where(check_rows(token_ids, rows, ends, had, self.table.streams, self.table.state, uniforms),
+                         had, -1)
+        moved = np.flatnonzero(slots < 0)
+        if moved.size:  # new, moved or preempted requests: rare, one at a time
+            taken = set(slots[slots >= 0].tolist())
+            by_head: dict[tuple, list[int]] = {}
+            for s in self.active.tolist() + list(self.idle):
+                by_head.setdefault(_head(self.table.streams[s], self.length(s)), []).append(s)
+            for r in moved.tolist():
+                row = token_ids[rows[r], : ends[r]]
+                slot = next((s for s in by_head.get(_head(row, row.shape[0]), ())
+                             if s != had[r] and s not in taken and self.holds(s, row, uniforms[r])), None)
+                if slot is None:
+                    slot = self.table.new(int(ends[r]))
+                    self.created += 1
+                elif slot in self.idle:  # a preempted request is back
+                    del self.idle[slot]
+                    self.idle_tokens -= self.length(slot)
+                taken.add(slot)
+                slots[r] = slot
+        state = self.table.state
+        continued = int(state[slots, ACTIVE].sum())  # its last draft was verified unless it was idle
+        self.steps += 1
+        state[slots, STAMP] = self.steps
+        left = self.active[state[self.active, STAMP] != self.steps]
+        for s in left.tolist():  # finished (or preempted: it may come back)
+            self.table.finish(s)  # its output joins the history once, however often it goes idle
+            state[s, ACTIVE] = 0
+            self.idle[s] = None
+            self.idle_tokens += self.length(s)
         while self.idle and (len(self.idle) > self.max_idle or self.idle_tokens > self.max_idle_tokens):
-            key, old = self.idle.popitem(last=False)
-            self.idle_tokens -= old.index.length
-            self.verified.pop(key, None)
-        self.rows = matched
-        # Rows that ran in the last step with the session they have now, when no row left.
-        self.continued = continued if len(previous) == len(rows) else 0
-        return matched
+            s, _ = self.idle.popitem(last=False)
+            self.idle_tokens -= self.length(s)
+            self.table.release(s)
+        self.rows = np.full(int(rows.max(initial=-1)) + 1, -1, dtype=np.int64)
+        self.rows[rows] = slots
+        # Rows that ran in the last step with the slot they have now, when no row left.
+        self.continued = continued if self.active.shape[0] == count else 0
+        self.active = slots
+        return slots
+
+    def drafted(self, slots: np.ndarray, lengths: np.ndarray) -> None:
+        """This step's slots proposed drafts of these lengths: the next step verifies them."""
+        self.table.state[slots, VERIFIED] = lengths
+        self.table.state[slots, ACTIVE] = 1
+
+
+@njit(cache=True)
+def check_rows(token_ids, rows, ends, slots, streams, state, uniforms):
+    """:func:`spot_check` for every row r against slot ``slots[r]`` (-1: none, False); True
+    where row r continues its slot's text."""
+    ok = np.zeros(rows.shape[0], dtype=np.bool_)
+    for r in range(rows.shape[0]):
+        s = slots[r]
+        if s < 0:
+            continue
+        seen = state[s, LENGTH]
+        if 0 < seen <= ends[r]:
+            ok[r] = spot_check(streams[s], token_ids[rows[r]], seen, uniforms[r])
+    return ok
 
 
 @njit(cache=True)
@@ -295,7 +326,11 @@ class Proposer:
         self.speculator = NgramSpeculator(config)
         spot_check(np.zeros(HEAD, np.int32), np.zeros(HEAD, np.int32), HEAD, np.zeros(PROBES))  # JIT now, not in a step
         warm_up_sizing()
+        warm_up_sessions(config)
         self.sessions = RowSessions(self.speculator, max_idle=max(64, 2 * _max_num_seqs(vllm_config)))
+        check_rows(np.zeros((1, HEAD), np.int32), np.zeros(1, np.int64), np.ones(1, np.int64),
+                   np.full(1, -1, np.int64), self.sessions.table.streams, self.sessions.table.state,
+                   np.zeros((1, PROBES)))
         self.steps = 0
         self.drafted_tokens = 0
         self.failures = 0  # steps that raised: drafting restarted, the engine kept going
@@ -334,47 +369,40 @@ class Proposer:
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
         started = self.clock()
-        rows = len(sampled_token_ids)
-        drafts: list[list[int]] = [[] for _ in range(rows)]
+        count = len(sampled_token_ids)
+        drafts: list[list[int]] = [[] for _ in range(count)]
         # 1. Rows that decode this step (a row still prefilling its prompt sampled nothing).
-        live, context = {}, 0
-        for i, sampled in enumerate(sampled_token_ids):
-            n = int(num_tokens_no_spec[i])
-            if sampled and n < self.max_model_len - 1:
-                live[i] = token_ids_cpu[i, :n]
-                context += n
-        context //= max(len(live), 1)  # tokens per row, on average
-        # 2. Rows -> sessions, each extended with its new tokens.
-        sessions = self.sessions.step(live)
+        ends = np.asarray(num_tokens_no_spec[:count], dtype=np.int64)  # (count,) tokens per row
+        sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=count) > 0
+        rows = np.flatnonzero(sampled & (ends < self.max_model_len - 1))  # (A,)
+        ends = ends[rows]
+        context = int(ends.sum()) // max(rows.shape[0], 1)  # tokens per row, on average
+        # 2. Rows -> slots (spot checks for all rows in one call; moved rows looked up).
+        slots = self.sessions.step(token_ids_cpu, rows, ends)
         # 3. The engine step that just ran, timed from the end of the last propose(): learned
         #    where it ran exactly this step's rows, all decoding, over each row's last token
         #    and the draft proposed for it (no prefill chunk, no row that came or went: their
         #    tokens are unknown).
-        if self._last_end is not None and live and len(live) == rows and self.sessions.continued == rows:
-            self.cost.observe_step(rows + self._last_drafted, context, rows, started - self._last_end)
-        # 4. Each row's candidate draft (unsized) and acceptance estimate.
-        order = list(sessions)
-        candidates = []
-        for i in order:
-            room = self.max_model_len - int(num_tokens_no_spec[i]) - 1
-            candidates.append(sessions[i].propose(max_tokens=min(self.max_draft, room), sized=False, tree=False))
+        if self._last_end is not None and rows.shape[0] == count > 0 and self.sessions.continued == count:
+            self.cost.observe_step(count + self._last_drafted, context, count, started - self._last_end)
+        # 4. Every row extends its slot with its new tokens and drafts, unsized: one call.
+        limits = np.minimum(self.max_draft, self.max_model_len - ends - 1)
+        tokens, limits, acceptance = self.sessions.table.draft(token_ids_cpu, rows, ends, slots, limits)
         # 5. One length per row, for all rows together (the step's total token count).
-        lengths = self._lengths(candidates, context)
-        for i, draft, k in zip(order, candidates, lengths):
-            self.sessions.verified[id(sessions[i])] = int(k)
-            drafts[i] = draft.tokens[:k].tolist()
-        self._last_drafted = int(lengths.sum()) if len(order) else 0
+        lengths = self._lengths(acceptance, limits, context)
+        self.sessions.drafted(slots, lengths)
+        for i, row, k in zip(rows.tolist(), tokens.tolist(), lengths.tolist()):
+            drafts[i] = row[:k]
+        self._last_drafted = int(lengths.sum())
         self.steps += 1
         self.drafted_tokens += self._last_drafted
         self._last_end = self.clock()
         return drafts
 
-    def _lengths(self, candidates, context: int) -> np.ndarray:
-        limits = np.array([len(d) for d in candidates], dtype=np.int64)
+    def _lengths(self, acceptance: np.ndarray, limits: np.ndarray, context: int) -> np.ndarray:
         if not self.speculator.config.payoff_sizing:
             return limits
-        acceptance = np.array([d.acceptance for d in candidates], dtype=np.float64)
-        rows = len(candidates)
+        rows = acceptance.shape[0]
         step_costs = self.cost.step_costs(rows + np.arange(int(limits.sum()) + 1), context, rows)  # every total
         return draft_lengths(acceptance, limits, step_costs, False)[0]
 
