@@ -67,7 +67,7 @@ def draft_lengths(acceptance, limits, step_costs, padded):
             gains[at] = g
             owner[at] = b
             at += 1
-    order = np.argsort(-gains, kind="mergesort")  # stable: ties keep row order
+    order = _by_gain(gains)
     expected = float(rows)
     for m in range(1, total + 1):
         expected += gains[order[m - 1]]
@@ -77,6 +77,45 @@ def draft_lengths(acceptance, limits, step_costs, padded):
     for m in range(best_m):
         lengths[owner[order[m]]] += 1
     return lengths, best
+
+
+@njit(cache=True)
+def _by_gain(gains):
+    """Indices of ``gains`` (non-negative floats) from the largest down, ties in index order:
+    ``np.argsort(-gains, kind="stable")`` in expected linear time (a comparison sort of a
+    vLLM step's 256 rows x 16 positions costs more than the rest of drafting). Positive
+    floats order as their bit patterns do, so the patterns' leading bits, scaled to the range
+    present, give about one bucket per gain; buckets fill in index order and an insertion sort
+    by gain finishes each (equal gains, e.g. rows at the prior, are already in order)."""
+    count = gains.shape[0]
+    if count == 0:
+        return np.zeros(0, dtype=np.int64)
+    bits = gains.view(np.int64)  # monotone in the value for floats >= +0.0
+    low, high = bits.min(), bits.max()
+    shift = 0
+    while (high - low) >> shift >= count:
+        shift += 1
+    buckets = np.zeros(((high - low) >> shift) + 2, dtype=np.int64)
+    for i in range(count):
+        buckets[((high - bits[i]) >> shift) + 1] += 1  # the largest gain first
+    for k in range(1, buckets.shape[0]):
+        buckets[k] += buckets[k - 1]  # buckets[k]: where bucket k starts
+    order = np.empty(count, dtype=np.int64)
+    for i in range(count):
+        k = (high - bits[i]) >> shift
+        order[buckets[k]] = i
+        buckets[k] += 1
+    start = 0
+    for k in range(buckets.shape[0] - 1):  # buckets[k] is now where bucket k ends
+        for a in range(start + 1, buckets[k]):
+            i = order[a]
+            b = a
+            while b > start and gains[order[b - 1]] < gains[i]:
+                order[b] = order[b - 1]
+                b -= 1
+            order[b] = i
+        start = buckets[k]
+    return order
 
 
 def draft_lengths_reference(acceptance, limits, step_costs, padded) -> tuple[np.ndarray, float]:

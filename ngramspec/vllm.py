@@ -391,8 +391,11 @@ class Proposer:
         # 5. One length per row, for all rows together (the step's total token count).
         lengths = self._lengths(acceptance, limits, context)
         self.sessions.drafted(slots, lengths)
-        for i, row, k in zip(rows.tolist(), tokens.tolist(), lengths.tolist()):
-            drafts[i] = row[:k]
+        kept = tokens[np.arange(tokens.shape[1]) < lengths[:, None]].tolist()  # every draft, in row order
+        start = 0
+        for i, end in zip(rows.tolist(), np.cumsum(lengths).tolist()):
+            drafts[i] = kept[start:end]
+            start = end
         self._last_drafted = int(lengths.sum())
         self.steps += 1
         self.drafted_tokens += self._last_drafted

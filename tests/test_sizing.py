@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ngramspec.sizing import candidates_reference, draft_lengths, draft_lengths_reference
+from ngramspec.sizing import _by_gain, candidates_reference, draft_lengths, draft_lengths_reference
 
 
 def flattened_costs(rows, limits, cost):
@@ -79,3 +79,12 @@ def test_kernel_matches_its_reference(rows, costs, padded):
     values = sorted((v for _, v in candidates_reference(acceptance, limits, step_costs, padded)), reverse=True)
     if len(values) < 2 or values[0] - values[1] > 1e-9 * values[0]:  # no near-tie: the same choice
         assert got.tolist() == want.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), max_size=200), st.integers(1, 16))
+def test_the_gain_order_is_a_stable_sort(acceptance, positions):
+    """_by_gain (bucketed, linear time) orders like np.argsort(-gains, kind="stable"): gains
+    r^j as sizing builds them, many tied (equal acceptances, zeros) or nearly so."""
+    gains = np.array([r**j for r in acceptance for j in range(1, positions + 1)], dtype=np.float64)
+    assert _by_gain(gains).tolist() == np.argsort(-gains, kind="stable").tolist()
