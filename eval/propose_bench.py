@@ -8,6 +8,7 @@ sessions: a new request's text is indexed once). vLLM's proposer runs where vLLM
 (``.venv-vllm``); elsewhere only ngramspec is timed.
 
     .venv-vllm/bin/python -m eval.propose_bench --rows 1,16,64,256
+    .venv-vllm/bin/python -m eval.propose_bench --row-tokens 1500   # rows as long as 1.5k-token documents
 """
 
 from __future__ import annotations
@@ -62,6 +63,20 @@ def time_steps(propose, texts: list[np.ndarray], steps: int, warmup: int) -> flo
     return 1e3 * statistics.median(times)
 
 
+def joined(pool: list[np.ndarray], tokens: int) -> list[np.ndarray]:
+    """Rows of exactly ``tokens`` tokens, each joining consecutive traces (from a rotating
+    start, so rows differ)."""
+    rows = []
+    for first in range(len(pool)):
+        parts, size, i = [], 0, first
+        while size < tokens:
+            parts.append(pool[i % len(pool)])
+            size += parts[-1].size
+            i += 1
+        rows.append(np.concatenate(parts)[:tokens])
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,16,64,256", help="batch sizes (comma-separated)")
@@ -69,7 +84,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=35, help="timed steps per batch size (default 35)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     parser.add_argument("--traces", type=Path, default=TRACES, help="greedy traces (JSONL with prompt_ids, output_ids)")
+    parser.add_argument("--row-tokens", type=int, default=0,
+                        help="make every row this long by joining consecutive traces (default 0: one trace per "
+                             "row, ~470 tokens); vLLM's proposer rescans each row's text every step")
     args = parser.parse_args(argv)
+    if args.row_tokens < 0 or args.row_tokens > MAX_MODEL_LEN:
+        parser.error(f"--row-tokens must be in [0, {MAX_MODEL_LEN}]")
 
     from ngramspec.vllm import Proposer
 
@@ -79,6 +99,8 @@ def main(argv=None) -> int:
         NgramProposer = None
     need = ADVANCE * (args.steps + args.warmup) + 64
     pool = [t for t in load_rows(args.traces) if need <= t.size <= MAX_MODEL_LEN]
+    if args.row_tokens:
+        pool = joined(pool, max(args.row_tokens, need))
     print(f"{len(pool)} traces of {need}+ tokens (mean {np.mean([t.size for t in pool]):.0f}); k={args.k}, "
           f"{ADVANCE} tokens per row per step, median of {args.steps} steps (ms per engine step)")
     print("| rows | vLLM ngram | ngramspec | ratio |\n|---|---|---|---|")
