@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# ngramspec against every peer in cost-weighted replay of the 100 shared greedy traces, on three
+# verify-cost curves (~30 s; SuffixDecoding needs .venv-vllm: `make setup-vllm`).
+# Usage: bash eval/results/replay_peers/run.sh   (from the repository root)
+set -euo pipefail
+PY=${PYTHON:-.venv-vllm/bin/python}
+TRACES=../shared/traces/smollm2_shared_greedy.jsonl
+OUT=eval/results/replay_peers
+METHODS="hf-rule,vllm-rule,suffix,suffix-global,ngramspec,ngramspec:max_draft_tokens=12,oracle"
+# This CPU at 400 tokens of context (the default curve), at 2,000 (OnlineCost's prior there),
+# and GUIDE.md's steeper 2-core curve.
+CPU2K="1:1,2:1.29,3:1.38,4:1.63,5:1.71,6:1.76,8:1.93,10:2.1,12:2.17,16:2.16,24:2.38,32:2.65,48:3.97,64:5.3"
+STEEP="1:1.0,2:1.1,3:1.17,4:1.6,8:1.94,11:2.3,16:2.45,32:2.9"
+"$PY" -m eval replay "$TRACES" --methods "$METHODS" --out "$OUT/cpu_400"
+"$PY" -m eval replay "$TRACES" --methods "$METHODS" --cost "$CPU2K" --out "$OUT/cpu_2000"
+"$PY" -m eval replay "$TRACES" --methods "$METHODS" --cost "$STEEP" --out "$OUT/steep"
