@@ -58,6 +58,8 @@ def test_replay_counts_forwards_by_hand():
     assert result["overall"]["mat"] == pytest.approx(4 / 3)
     assert result["overall"]["speedup"] == pytest.approx(4 / (1 + 2.0 + 1))
     assert result["rewriting"]["items"] == 1 and result["jfleg"]["mean_draft"] == pytest.approx(1.0)
+    # vLLM's MAT counts only the one step that drafted: "4" accepted + "9" its own = 2 tokens.
+    assert result["overall"]["mat_drafted"] == pytest.approx(2.0)
 
 
 def hf_rule_by_hand(traces, cost_points, eos=2, max_ngram=2, num_tokens=10):
