@@ -153,13 +153,13 @@ def test_stop_string_inside_accepted_draft(default_model):
     model, tokenizer = default_model
     prompt = item_prompt(tokenizer, "quixbugs", 0)
     ids = torch.tensor([prompt])
-    full = model.generate(ids, max_new_tokens=96, do_sample=False, ngram_speculator=NgramSpeculator())
+    full = model.generate(ids, max_new_tokens=64, do_sample=False, ngram_speculator=NgramSpeculator())
     full = full[0, len(prompt) :].tolist()
-    assert_plain_greedy(model, prompt, full, 96, "quixbugs without a stop string")
+    assert_plain_greedy(model, prompt, full, 64, "quixbugs without a stop string")
     text = tokenizer.decode(full)
     stop = text[len(text) // 2 : len(text) // 2 + 5]  # a string that first ends mid-output
     assert stop.strip(), "pick a non-blank stop string"
-    kwargs = dict(max_new_tokens=96, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
+    kwargs = dict(max_new_tokens=64, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
     expected = plain_generate(model, ids, **kwargs)
     spec = NgramSpeculator()
     got = model.generate(ids, ngram_speculator=spec, **kwargs)
@@ -180,7 +180,7 @@ def test_text_streamers_stream_exactly_the_returned_text(default_model, capsys):
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     result = {}
     worker = Thread(target=lambda: result.update(out=model.generate(
-        ids, max_new_tokens=96, ngram_speculator=spec, streamer=streamer)))
+        ids, max_new_tokens=48, ngram_speculator=spec, streamer=streamer)))
     worker.start()
     chunks = list(streamer)
     worker.join()
@@ -189,7 +189,7 @@ def test_text_streamers_stream_exactly_the_returned_text(default_model, capsys):
     assert spec.last_stats.accepted_tokens > 0  # drafts arrived as multi-token chunks
 
     capsys.readouterr()
-    out = model.generate(ids, max_new_tokens=96, ngram_speculator=spec,
+    out = model.generate(ids, max_new_tokens=48, ngram_speculator=spec,
                          streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
     printed = capsys.readouterr().out
     assert printed.rstrip("\n") == tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).rstrip("\n")
