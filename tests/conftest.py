@@ -22,6 +22,16 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+
+
+def pytest_collection_modifyitems(config, items):
+    """Long tests first (real model, then slow, then the rest; file order within each): parallel
+    workers then end the run on short tests, instead of one worker finishing a 20-second test
+    alone while the other idles (longest-first scheduling)."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("real_model") else 1 if item.get_closest_marker("slow")
+               else 2)
+
+
 # tests/with_vllm needs vLLM, which lives in its own venv (`make test-vllm`).
 collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["with_vllm/*"]
 
