@@ -186,6 +186,48 @@ def test_forward_timer_on_cpu_uses_the_clock():
     assert model(5, 1000) == pytest.approx(1.5 / 1.1)
 
 
+def test_forward_timer_on_cuda_reads_events_only_once_complete(monkeypatch):
+    """On CUDA the timer records two events per forward and reads them only after query()
+    says the device has passed them (a step or more later): it never synchronizes and never
+    asks a pending event for its time, so timing adds no host-device sync to the loop."""
+    log = []
+
+    class FakeEvent:  # torch.cuda.Event: done once the fake device reaches it
+        made = 0
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.index = FakeEvent.made
+            FakeEvent.made += 1
+
+        def record(self):
+            log.append(("record", self.index))
+
+        def query(self):
+            return self.index < device_done[0]
+
+        def elapsed_time(self, end):
+            assert end.query(), "elapsed_time on a pending event waits for the device"
+            return 10.0 * (1 + forward_tokens[self.index // 2] / 10)  # milliseconds
+
+        def synchronize(self):
+            raise AssertionError("the timer must not wait on an event")
+
+    device_done, forward_tokens = [0], []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (_ for _ in ()).throw(AssertionError("synchronize")))
+    model = OnlineCost()
+    timer = ForwardTimer(model, torch.device("cuda"))
+    for q in (1, 1, 1, 5, 5, 5, 1, 1):
+        forward_tokens.append(q)
+        timer.start()
+        timer.stop(q, 1000)
+        device_done[0] = FakeEvent.made - 2  # the device runs one forward behind the host
+    # Each forward is read when the next-but-one starts: all but the last two were read.
+    assert model(5, 1000) == pytest.approx(1.5 / 1.1)
+    assert [tokens for _, _, tokens, _, _ in timer._pending] == [1, 1]
+
+
 def test_a_batch_learns_its_costs_from_its_own_plain_steps():
     """Costs relative to a plain step of the same rows: a batch never runs a one-token
     forward, so it measures against its own plain steps (a marginal draft gives way to one
