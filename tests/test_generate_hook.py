@@ -128,3 +128,41 @@ def test_static_cache(tiny_model):
     spec = NgramSpeculator()
     got = tiny_model.generate(IDS, max_new_tokens=40, cache_implementation="static", ngram_speculator=spec)
     assert got.tolist() == expected.tolist() and spec.last_stats.accepted_tokens > 0
+
+
+class DeviceLogits(torch.Tensor):
+    """Logits as if on an accelerator: every tensor computed from them keeps this type, and
+    each read of one on the host (there, a host-device sync) is counted."""
+
+    reads = 0
+    READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__int__,
+             torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.cpu}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in cls.READS:
+            cls.reads += 1
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(do_sample=True, temperature=0.3, top_p=0.9),
+                                    dict(do_sample=False, repetition_penalty=1.2)])
+def test_the_accelerator_path_reads_the_device_once_per_forward(tiny_model, monkeypatch, kwargs):
+    """With every position decided at once (the accelerator way, forced here on CPU), a step
+    reads its forward's results on the host once: greedy, sampling with warpers, processors."""
+    from ngramspec import verify
+    from ngramspec.hf import HFTarget
+
+    monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: True)
+    original, forwards = HFTarget.forward, []
+
+    def forward(self, *args, **options):
+        forwards.append(1)
+        return original(self, *args, **options).as_subclass(DeviceLogits)
+
+    monkeypatch.setattr(HFTarget, "forward", forward)
+    DeviceLogits.reads = 0
+    spec = NgramSpeculator(min_n=1)
+    tiny_model.generate(IDS, max_new_tokens=30, ngram_speculator=spec, **kwargs)
+    assert spec.last_stats.accepted_tokens > 0 and len(forwards) == spec.last_stats.target_forwards
+    assert DeviceLogits.reads == len(forwards), f"{DeviceLogits.reads} host reads over {len(forwards)} forwards"
