@@ -15,8 +15,10 @@ step (empty while its prompt is still being prefilled). It returns one draft per
 may differ; ``[]`` is a plain step. vLLM verifies every draft in its next forward, exactly.
 
 The proposer sees rows, not request ids, and rows move when requests finish, are preempted or
-the batch is condensed. :class:`RowSessions` maps rows to ngramspec sessions with O(1) spot
-checks per row (never by reading the whole context), so a step costs O(new tokens).
+the batch is condensed. :class:`RowSessions` maps rows to ngramspec sessions (slots of one
+:class:`~ngramspec.sessions.SessionTable`) with O(1) spot checks per row (never by reading the
+whole context), so a step costs O(new tokens); every row's checks are one compiled call, and
+every row's extend and draft another.
 
 Settings: ``num_speculative_tokens`` is the longest draft; every other
 :class:`~ngramspec.SpeculatorConfig` field comes from the environment variable
