@@ -24,23 +24,6 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 
 
-def pytest_configure(config):
-    """Compile the Numba kernels once, in the main process, before parallel workers start: on a
-    fresh clone each worker and each command a test starts would otherwise compile them too
-    (~9 s each) instead of loading them from Numba's cache."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    from types import SimpleNamespace
-
-    from ngramspec.vllm import Proposer
-
-    # Building a vLLM proposer warms every kernel: the index and sizing (as any speculator
-    # does), the batched sessions and the spot checks.
-    Proposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
-                             model_config=SimpleNamespace(max_model_len=64),
-                             scheduler_config=SimpleNamespace(max_num_seqs=1)))
-
-
 def pytest_collection_modifyitems(config, items):
     """Long tests first (real model, then slow, then the rest; file order within each): parallel
     workers then end the run on short tests, instead of one worker finishing a 20-second test
