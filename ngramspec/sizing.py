@@ -90,7 +90,7 @@ def _by_gain(gains):
     count = gains.shape[0]
     if count == 0:
         return np.zeros(0, dtype=np.int64)
-    bits = gains.view(np.int64)  # monotone in the value for floats >= +0.0
+    bits = (gains + 0.0).view(np.int64)  # monotone in the value for floats >= +0.0 (-0.0 + 0.0 is +0.0)
     low, high = bits.min(), bits.max()
     shift = 0
     while (high - low) >> shift >= count:

@@ -88,3 +88,5 @@ def test_the_gain_order_is_a_stable_sort(acceptance, positions):
     r^j as sizing builds them, many tied (equal acceptances, zeros) or nearly so."""
     gains = np.array([r**j for r in acceptance for j in range(1, positions + 1)], dtype=np.float64)
     assert _by_gain(gains).tolist() == np.argsort(-gains, kind="stable").tolist()
+    signed = np.concatenate([gains, [-0.0, 0.0, -0.0]])  # a negative zero is a zero, not below one
+    assert _by_gain(signed).tolist() == np.argsort(-signed, kind="stable").tolist()
