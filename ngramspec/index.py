@@ -133,6 +133,26 @@ def index_append(tokens, length, new_tokens, min_n, max_n, slots):
 
 
 @njit(cache=True)
+def index_extend(tokens, slots, length, used, new_tokens, min_n, max_n):
+    """:func:`index_append`, first growing the stream (to fit) and the table (past MAX_LOAD), each
+    by GROWTH at least. ``used``: slots in use. Returns ``(tokens, slots, used)``: the arrays,
+    new ones where they grew, and the slots now in use."""
+    count = new_tokens.shape[0]
+    if length + count > MAX_POSITIONS:
+        raise ValueError("an n-gram index holds at most 268,435,456 tokens")
+    if length + count > tokens.shape[0]:
+        grown = np.zeros(max(length + count, int(GROWTH * tokens.shape[0])), dtype=np.int32)
+        grown[:length] = tokens[:length]
+        tokens = grown
+    worst = used + count * (max_n - min_n + 1)
+    if worst > MAX_LOAD * slots.shape[0]:
+        grown_slots = np.zeros(max(_table_size(worst), int(GROWTH * slots.shape[0])), dtype=np.uint64)
+        index_rehash(tokens, slots, grown_slots)
+        slots = grown_slots
+    return tokens, slots, used + index_append(tokens, length, new_tokens, min_n, max_n, slots)
+
+
+@njit(cache=True)
 def _suffix_hashes(key, top):
     """hashes[n] = hash of the last n tokens of ``key``, n = 1..top (built from the end)."""
     hashes = np.empty(top + 1, dtype=np.uint64)
@@ -250,16 +270,8 @@ class NgramIndex:
             return
         if self.length + count > MAX_POSITIONS:
             raise ValueError(f"an n-gram index holds at most {MAX_POSITIONS:,} tokens")
-        if self.length + count > self.tokens.shape[0]:
-            grown = np.zeros(max(self.length + count, int(GROWTH * self.tokens.shape[0])), dtype=np.int32)
-            grown[: self.length] = self.tokens[: self.length]
-            self.tokens = grown
-        worst = self._used + count * (self.max_n - self.min_n + 1)
-        if worst > MAX_LOAD * self.slots.shape[0]:
-            grown = np.zeros(max(_table_size(worst), int(GROWTH * self.slots.shape[0])), dtype=np.uint64)
-            index_rehash(self.tokens, self.slots, grown)
-            self.slots = grown
-        self._used += index_append(self.tokens, self.length, new_tokens, self.min_n, self.max_n, self.slots)
+        self.tokens, self.slots, self._used = index_extend(self.tokens, self.slots, self.length, self._used,
+                                                           new_tokens, self.min_n, self.max_n)
         self.length += count
 
     @property
@@ -294,7 +306,8 @@ class NgramIndex:
         return out[:rows]
 
 
-def _table_size(entries: int) -> int:
+@njit(cache=True)
+def _table_size(entries):
     """Slots that hold ``entries`` n-grams at MAX_LOAD."""
     return max(16, int(entries / MAX_LOAD) + 1)
 

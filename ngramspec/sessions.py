@@ -26,7 +26,7 @@ from numba import njit, types
 from numba.typed import List
 
 from .history import SEPARATOR
-from .index import GROWTH, MAX_LOAD, MAX_POSITIONS, index_append, index_find, index_rehash
+from .index import index_extend, index_find
 from .speculator import FUZZY_AHEAD, FUZZY_BELOW_N, FUZZY_CONTEXT, FUZZY_WINDOW
 
 # Columns of ``state`` (int64, one row per slot).
@@ -93,23 +93,10 @@ def _extend(s, new, streams, tables, state, evidence, pending, min_n, max_n, mem
         evidence[s, 1, kind] += kept < drafted
         branch = state[s, PENDING_START]
         state[s, PENDING_LEN] = 0
-    # Append to the index, growing its arrays as NgramIndex.append does.
     old = state[s, LENGTH]
-    if old + count > MAX_POSITIONS:
-        raise ValueError("an n-gram index holds at most 268,435,456 tokens")
-    stream = streams[s]
-    if old + count > stream.shape[0]:
-        grown = np.zeros(max(old + count, int(GROWTH * stream.shape[0])), dtype=np.int32)
-        grown[:old] = stream[:old]
-        streams[s] = stream = grown
-    table = tables[s]
-    worst = state[s, USED] + count * (max_n - min_n + 1)
-    if worst > MAX_LOAD * table.shape[0]:
-        grown_table = np.zeros(max(int(worst / MAX_LOAD) + 1, 16, int(GROWTH * table.shape[0])), dtype=np.uint64)
-        index_rehash(stream, table, grown_table)
-        tables[s] = table = grown_table
-    state[s, USED] += index_append(stream, old, new, min_n, max_n, table)
-    state[s, LENGTH] = old + count
+    stream, table, used = index_extend(streams[s], tables[s], old, state[s, USED], new, min_n, max_n)
+    streams[s], tables[s] = stream, table  # new arrays where they grew
+    state[s, USED], state[s, LENGTH] = used, old + count
     # The copy cursor survives if the source it follows (or the draft's) predicted every token.
     cursor = state[s, CURSOR]
     best_source, best_kept = -1, -1

@@ -181,12 +181,9 @@ class RowSessions:
     def holds(self, slot: int, row: np.ndarray, uniforms: np.ndarray | None = None) -> bool:
         """Does ``row`` continue slot ``slot``'s text? O(HEAD + TAIL + PROBES). ``uniforms``
         (PROBES floats in [0, 1)) place the random probes; drawn here when not given."""
-        seen = self.length(slot)
-        if seen == 0 or seen > row.shape[0]:
-            return False
         if uniforms is None:
             uniforms = self.rng.random(PROBES)
-        return bool(spot_check(self.table.streams[slot], row, seen, uniforms))
+        return bool(spot_check(self.table.streams[slot], row, self.length(slot), uniforms))
 
     def step(self, token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Match every decoding row (``rows`` (A,) indices into ``token_ids``, row r's text
@@ -253,9 +250,7 @@ def check_rows(token_ids, rows, ends, slots, streams, state, uniforms):
         s = slots[r]
         if s < 0:
             continue
-        seen = state[s, LENGTH]
-        if 0 < seen <= ends[r]:
-            ok[r] = spot_check(streams[s], token_ids[rows[r]], seen, uniforms[r])
+        ok[r] = spot_check(streams[s], token_ids[rows[r], : ends[r]], state[s, LENGTH], uniforms[r])
     return ok
 
 
@@ -263,7 +258,10 @@ def check_rows(token_ids, rows, ends, slots, streams, state, uniforms):
 def spot_check(stream, row, seen, uniforms):
     """Do ``stream[:seen]`` and ``row`` agree on the first HEAD and last TAIL positions of
     ``stream[:seen]`` and at ``int(u * seen)`` for each u in ``uniforms``? (One compiled call per
-    row: numpy would take a few calls and microseconds each.) Reference: :func:`spot_check_reference`."""
+    row: numpy would take a few calls and microseconds each.) False where ``stream`` holds no
+    tokens or more than ``row``. Reference: :func:`spot_check_reference`."""
+    if seen == 0 or seen > row.shape[0]:
+        return False
     for k in range(min(HEAD, seen)):
         if stream[k] != row[k]:
             return False
@@ -279,6 +277,8 @@ def spot_check(stream, row, seen, uniforms):
 
 def spot_check_reference(stream, row, seen, uniforms) -> bool:
     """:func:`spot_check` in plain numpy."""
+    if seen == 0 or seen > row.shape[0]:
+        return False
     head, tail = min(HEAD, seen), max(0, seen - TAIL)
     probes = np.minimum((np.asarray(uniforms) * seen).astype(np.int64), seen - 1)
     return bool(np.array_equal(stream[:head], row[:head]) and np.array_equal(stream[tail:seen], row[tail:seen])

@@ -303,6 +303,9 @@ def test_spot_check_kernel_matches_its_reference(tokens, extra, changed, uniform
         row[changed] += 1  # one position differs (or none)
     uniforms = np.array(uniforms, dtype=np.float64)
     assert spot_check(stream, row, stream.size, uniforms) == spot_check_reference(stream, row, stream.size, uniforms)
+    # A row shorter than the stream, or an empty stream, never holds it.
+    assert not spot_check(stream, row[: stream.size - 1], stream.size, uniforms)
+    assert not spot_check(stream, row, 0, uniforms) and not spot_check_reference(stream, row, 0, uniforms)
 
 
 def test_the_cpu_step_cost_on_an_accelerator_is_flagged(caplog):
