@@ -238,6 +238,12 @@ class SessionTable:
             self.history.add(self.streams[s][self.state[s, PROMPT] : self.state[s, LENGTH]])
         self.state[s, FINISHED] = 1
 
+    def history_arrays(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The shared history's tokens, n-gram table and length, as :func:`draft_rows` reads them."""
+        if self.history is not None and self.history.index.length:
+            return self.history.index.tokens, self.history.index.slots, self.history.index.length
+        return _NO_HISTORY, _NO_SLOTS, 0
+
     def draft(self, token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray, slots: np.ndarray,
               limits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:func:`draft_rows` over these rows: (drafts (A, max_draft_tokens) int32, lengths (A,),
@@ -248,11 +254,7 @@ class SessionTable:
         drafts = np.zeros((count, self.pending.shape[1]), dtype=np.int32)
         lengths = np.zeros(count, dtype=np.int64)
         acceptance = np.zeros(count)
-        if self.history is not None and self.history.index.length:
-            history, history_slots = self.history.index.tokens, self.history.index.slots
-            history_length = self.history.index.length
-        else:
-            history, history_slots, history_length = _NO_HISTORY, _NO_SLOTS, 0
+        history, history_slots, history_length = self.history_arrays()
         draft_rows(np.ascontiguousarray(token_ids), rows.astype(np.int64), ends.astype(np.int64),
                    slots.astype(np.int64), np.minimum(limits, drafts.shape[1]).astype(np.int64), self.streams,
                    self.tables, self.state, self.evidence, self.pending, history, history_slots, history_length,

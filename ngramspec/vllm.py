@@ -17,8 +17,10 @@ may differ; ``[]`` is a plain step. vLLM verifies every draft in its next forwar
 The proposer sees rows, not request ids, and rows move when requests finish, are preempted or
 the batch is condensed. :class:`RowSessions` maps rows to ngramspec sessions (slots of one
 :class:`~ngramspec.sessions.SessionTable`) with O(1) spot checks per row (never by reading the
-whole context), so a step costs O(new tokens); every row's checks are one compiled call, and
-every row's extend and draft another.
+whole context), so a step costs O(new tokens). The usual step (the same rows as the last
+one, each still holding its slot) is one compiled call, :func:`propose_rows`: every row's
+checks, extend and draft, and the sizing of all drafts together; only steps where rows came,
+went or moved match rows to slots in Python first.
 
 Settings: ``num_speculative_tokens`` is the longest draft; every other
 :class:`~ngramspec.SpeculatorConfig` field comes from the environment variable
@@ -48,11 +50,9 @@ import numpy as np
 from numba import njit
 
 from .config import SpeculatorConfig, parse_settings
-from .costmodel import OnlineCost
-from .sessions import ACTIVE, LENGTH, STAMP, VERIFIED, SessionTable
-from .sessions import warm_up as warm_up_sessions
+from .costmodel import OnlineCost, line_scale
+from .sessions import ACTIVE, LENGTH, STAMP, VERIFIED, SessionTable, draft_rows
 from .sizing import draft_lengths
-from .sizing import warm_up as warm_up_sizing
 from .speculator import NgramSpeculator
 
 logger = logging.getLogger(__name__)
@@ -122,14 +122,15 @@ class StepCost:
         context length: ``context`` is not used.) Read from a table per request count, built
         once: an engine asks every step."""
         table = self._tables.get(rows)
-        top = int(np.max(tokens)) if np.size(tokens) else 0
+        scalar = isinstance(tokens, (int, np.integer))
+        top = int(tokens) if scalar else int(np.max(tokens)) if np.size(tokens) else 0
         if table is None or top >= table.shape[0]:
             size = max(top + 1, 17 * rows + 1, 2 * (0 if table is None else table.shape[0]))
             table = self._cost(np.arange(size), rows) / float(self._cost(np.array([rows]), rows)[0])
             if len(self._tables) > 1024:
                 self._tables.clear()
             self._tables[rows] = table
-        return table[tokens] if np.ndim(tokens) else float(table[tokens])
+        return float(table[tokens]) if scalar or not np.ndim(tokens) else table[tokens]
 
     def _cost(self, tokens: np.ndarray, rows: int) -> np.ndarray:
         if len(self.curves) == 1:
@@ -235,6 +236,12 @@ class RowSessions:
         self.active = slots
         return slots
 
+    def same_rows(self, continued: int) -> None:
+        """A step in which every row kept its slot and no slot left (the proposer's usual step,
+        matched, stamped and drafted in one compiled call): what :meth:`step` notes of it."""
+        self.steps += 1
+        self.continued = continued
+
     def drafted(self, slots: np.ndarray, lengths: np.ndarray) -> None:
         """This step's slots proposed drafts of these lengths: the next step verifies them."""
         self.table.state[slots, VERIFIED] = lengths
@@ -326,13 +333,8 @@ class Proposer:
                     device, OnlineCost.MIN_STEPS, COST_FILE_ENV)
         self.cost = OnlineCost(prior=self.step_cost)
         self.speculator = NgramSpeculator(config)
-        spot_check(np.zeros(HEAD, np.int32), np.zeros(HEAD, np.int32), HEAD, np.zeros(PROBES))  # JIT now, not in a step
-        warm_up_sizing()
-        warm_up_sessions(config)
         self.sessions = RowSessions(self.speculator, max_idle=max(64, 2 * _max_num_seqs(vllm_config)))
-        check_rows(np.zeros((1, HEAD), np.int32), np.zeros(1, np.int64), np.ones(1, np.int64),
-                   np.full(1, -1, np.int64), self.sessions.table.streams, self.sessions.table.state,
-                   np.zeros((1, PROBES)))
+        self._allocate(max(_max_num_seqs(vllm_config), 1))
         self.steps = 0
         self.drafted_tokens = 0
         self.failures = 0  # steps that raised: drafting restarted, the engine kept going
@@ -340,6 +342,26 @@ class Proposer:
         self._paused = 0  # steps left to skip after repeated failures
         self._last_end: float | None = None  # when the previous propose() returned
         self._last_drafted = 0  # draft tokens it proposed, all rows together
+        self._context = 0  # the last step's tokens per row, on average
+        # propose_rows' settings, packed (each argument of a compiled call costs ~0.1 us to pass)
+        self._settings = np.array([config.min_n, config.max_n, config.match == "recent", config.copy_cursor,
+                                   config.fuzzy_resync, config.payoff_sizing, self.max_draft, self.max_model_len],
+                                  dtype=np.int64)
+        self._rates = np.array([config.acceptance_prior, config.acceptance_memory])
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile (or load from Numba's cache) every kernel a step calls, on a scratch row and
+        scratch sessions, so that no engine step pays the JIT: a new row, then the same row."""
+        saved = dict(vars(self))  # every attribute as it is: the scratch steps leave no trace
+        self.sessions, self.cost = RowSessions(self.speculator), OnlineCost(prior=self.step_cost)
+        row = np.tile(np.arange(HEAD, dtype=np.int32), 4)[None, :]
+        for end in (3 * HEAD, 3 * HEAD + 2):
+            self._propose([[1]], np.array([end]), row)
+        spot_check(row[0], row[0], HEAD, np.zeros(PROBES))  # RowSessions.holds
+        line_scale(np.arange(8.0), np.arange(8.0), 8, 0.05)  # OnlineCost.step_scale
+        vars(self).clear()
+        vars(self).update(saved)
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: drafts come from the requests' own text."""
@@ -372,44 +394,127 @@ class Proposer:
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[list[int]]:
         started = self.clock()
         count = len(sampled_token_ids)
-        drafts: list[list[int]] = [[] for _ in range(count)]
-        # 1. Rows that decode this step (a row still prefilling its prompt sampled nothing).
-        ends = np.asarray(num_tokens_no_spec[:count], dtype=np.int64)  # (count,) tokens per row
-        sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=count) > 0
-        rows = np.flatnonzero(sampled & (ends < self.max_model_len - 1))  # (A,)
-        ends = ends[rows]
-        context = int(ends.sum()) // max(rows.shape[0], 1)  # tokens per row, on average
-        # 2. Rows -> slots (spot checks for all rows in one call; moved rows looked up).
-        slots = self.sessions.step(token_ids_cpu, rows, ends)
-        # 3. The engine step that just ran, timed from the end of the last propose(): learned
+        # 1. Each row's tokens so far, and whether it decodes (a row prefilling sampled nothing).
+        sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=count)  # (count,)
+        ends = np.asarray(num_tokens_no_spec[:count], dtype=np.int64)  # (count,)
+        sessions = self.sessions
+        if self._rows.shape[0] < count:  # buffers for every row of a step, grown as batches grow
+            self._allocate(max(count, 2 * self._rows.shape[0]))
+        # 2. The usual step: the same rows as the last one, each holding its slot (spot-checked),
+        #    drafted and sized in one compiled call.
+        expected = sessions.active.shape[0]
+        live, matched, continued, context = self._run(token_ids_cpu, ends, sampled, expected, True)
+        if matched:
+            sessions.same_rows(continued)
+        else:  # 3. Rows came, went or moved (rare): match them to slots here, then draft.
+            rows = self._rows[:live].copy()
+            sessions.step(token_ids_cpu, rows, ends[rows])
+            live, _, continued, context = self._run(token_ids_cpu, ends, sampled, live, False)
+        self._context = context
+        # 4. The engine step that just ran, timed from the end of the last propose(): learned
         #    where it ran exactly this step's rows, all decoding, over each row's last token
         #    and the draft proposed for it (no prefill chunk, no row that came or went: their
         #    tokens are unknown).
-        if self._last_end is not None and rows.shape[0] == count > 0 and self.sessions.continued == count:
+        if self._last_end is not None and live == count > 0 and sessions.continued == count:
             self.cost.observe_step(count + self._last_drafted, context, count, started - self._last_end)
-        # 4. Every row extends its slot with its new tokens and drafts, unsized: one call.
-        limits = np.minimum(self.max_draft, self.max_model_len - ends - 1)
-        tokens, limits, acceptance = self.sessions.table.draft(token_ids_cpu, rows, ends, slots, limits)
-        # 5. One length per row, for all rows together (the step's total token count).
-        lengths = self._lengths(acceptance, limits, context)
-        self.sessions.drafted(slots, lengths)
-        kept = tokens[np.arange(tokens.shape[1]) < lengths[:, None]].tolist()  # every draft, in row order
+        # 5. Every row's draft, in row order.
+        drafts: list[list[int]] = [[] for _ in range(count)]
+        lengths = self._lengths[:live].tolist()
+        kept = self._kept[: sum(lengths)].tolist()
         start = 0
-        for i, end in zip(rows.tolist(), np.cumsum(lengths).tolist()):
-            drafts[i] = kept[start:end]
-            start = end
-        self._last_drafted = int(lengths.sum())
+        for i, n in zip(self._rows[:live].tolist(), lengths):
+            drafts[i] = kept[start : start + n]
+            start += n
+        self._last_drafted = start
         self.steps += 1
-        self.drafted_tokens += self._last_drafted
+        self.drafted_tokens += start
         self._last_end = self.clock()
         return drafts
 
-    def _lengths(self, acceptance: np.ndarray, limits: np.ndarray, context: int) -> np.ndarray:
-        if not self.speculator.config.payoff_sizing:
-            return limits
-        rows = acceptance.shape[0]
-        step_costs = self.cost.step_costs(rows + np.arange(int(limits.sum()) + 1), context, rows)  # every total
-        return draft_lengths(acceptance, limits, step_costs, False)[0]
+    def _run(self, token_ids, ends, sampled, rows: int, check: bool):
+        """:func:`propose_rows` over this step's rows (``rows`` of them expected), sized by the
+        step cost of that many rows."""
+        sessions, table = self.sessions, self.sessions.table
+        history, history_slots, history_length = table.history_arrays()
+        step_costs = self.cost.step_costs(rows, rows * self.max_draft, self._context, self.steps)
+        return propose_rows(
+            np.ascontiguousarray(token_ids), ends, sampled, sessions.rows, rows, check, sessions.steps + check,
+            table.streams, table.tables, table.state, table.evidence, table.pending, history, history_slots,
+            history_length, self._settings, self._rates, step_costs, self._rows, self._slots, self._drafts,
+            self._limits, self._lengths, self._acceptance, self._kept)
+
+    def _allocate(self, rows: int) -> None:
+        self._rows = np.zeros(rows, dtype=np.int64)  # this step's decoding rows
+        self._slots = np.zeros(rows, dtype=np.int64)  # their slots
+        self._drafts = np.zeros((rows, self.sessions.table.pending.shape[1]), dtype=np.int32)  # unsized
+        self._limits = np.zeros(rows, dtype=np.int64)
+        self._lengths = np.zeros(rows, dtype=np.int64)  # sized
+        self._acceptance = np.zeros(rows)
+        self._kept = np.zeros(rows * self._drafts.shape[1], dtype=np.int32)  # every sized draft, in row order
+
+
+@njit(cache=True)
+def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, streams, tables, state, evidence,
+                 pending, history, history_slots, history_length, settings, rates, step_costs, rows, slots, drafts,
+                 limits, lengths, acceptance, kept):
+    """One engine step's drafting, all rows in one call. Returns (live, matched, continued,
+    context): the decoding rows (``rows[:live]``), whether every one held its slot, how many
+    of those slots ran in the step before, and the rows' mean length.
+
+    token_ids (R, L) int32 and ends (R,) int64: row i's text is ``token_ids[i, :ends[i]]``;
+    sampled (R,) int64: tokens row i emitted this step (0: still prefilling). row_slots: row
+    -> slot (-1: none). With ``check``, each decoding row must hold the slot it had (spot
+    checks) and there must be ``expected`` of them, else nothing changes and matched is False
+    (the caller matches rows to slots and calls again without ``check``). Then every row
+    extends and drafts (:func:`ngramspec.sessions.draft_rows`), all drafts are sized together
+    (:func:`ngramspec.sizing.draft_lengths`, flattened; step_costs[m] prices a step over the
+    rows' last tokens and m draft tokens) and the slots note what the next step verifies.
+    ``stamp`` marks the slots' STAMP. settings (int64): min_n, max_n, recent, copy_cursor,
+    fuzzy, payoff, max_draft, max_model_len; rates: the acceptance prior and memory. Out:
+    slots, limits, acceptance (A,) and drafts (A, K) unsized; lengths (A,) sized; kept: the
+    sized drafts one after another, in row order."""
+    min_n, max_n, max_draft, max_model_len = settings[0], settings[1], settings[6], settings[7]
+    recent, copy_cursor, fuzzy, payoff = settings[2] != 0, settings[3] != 0, settings[4] != 0, settings[5] != 0
+    # 1. Rows that decode this step.
+    live, total = 0, 0
+    for i in range(ends.shape[0]):
+        if sampled[i] > 0 and ends[i] < max_model_len - 1:
+            rows[live] = i
+            live += 1
+            total += ends[i]
+    context = total // max(live, 1)
+    # 2. Each row's slot: the one it had, if it still holds it (or as the caller matched).
+    if check and live != expected:
+        return live, False, 0, context
+    for r in range(live):
+        i = rows[r]
+        s = row_slots[i] if i < row_slots.shape[0] else -1
+        if check and (s < 0 or not spot_check(streams[s], token_ids[i, : ends[i]], state[s, LENGTH],
+                                              np.random.random(PROBES))):
+            return live, False, 0, context
+        slots[r] = s
+    continued = 0
+    for r in range(live):
+        continued += state[slots[r], ACTIVE]  # its last draft was verified unless it was idle
+        state[slots[r], STAMP] = stamp
+    # 3. Every row extends its slot with its new tokens and drafts, unsized.
+    row_ends = ends[rows[:live]]
+    for r in range(live):
+        limits[r] = max(min(max_draft, max_model_len - row_ends[r] - 1, drafts.shape[1]), 0)
+    draft_rows(token_ids, rows[:live], row_ends, slots[:live], limits[:live], streams, tables, state, evidence,
+               pending, history, history_slots, history_length, min_n, max_n, recent, copy_cursor, fuzzy, rates[0],
+               rates[1], drafts, lengths, acceptance)
+    # 4. One length per row, for all rows together (the step's total token count).
+    if payoff:
+        lengths[:live] = draft_lengths(acceptance[:live], lengths[:live], step_costs, False)[0]
+    # 5. The next step verifies these; the sized drafts one after another.
+    at = 0
+    for r in range(live):
+        s, n = slots[r], lengths[r]
+        state[s, VERIFIED], state[s, ACTIVE] = n, 1
+        kept[at : at + n] = drafts[r, :n]
+        at += n
+    return live, True, continued, context
 
 
 def _max_num_seqs(vllm_config) -> int:

@@ -4,9 +4,11 @@ decode loop with a scripted forward cost (a fake clock) drafting only where draf
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ngramspec import NgramSpeculator
-from ngramspec.costmodel import ContextCurves, ForwardTimer, OnlineCost
+from ngramspec.costmodel import ContextCurves, ForwardTimer, OnlineCost, line_scale, line_scale_reference
 from ngramspec.costs import CostCurve
 from ngramspec.decode import Options, StopRule, speculative_decode
 
@@ -261,3 +263,15 @@ def test_a_batch_declines_where_every_position_costs_a_full_forward():
     late = steps[len(steps) // 2 :]
     assert sum(1 for k in late if k) <= len(late) // 10, f"still drafting in {sum(1 for k in late if k)} late steps"
     assert spec.cost_model(12, 150, rows=3) > 3  # learnt: ~4x a plain step, the prior says ~1.1x
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 4), st.floats(0.001, 1.0)), max_size=40), st.integers(1, 10),
+       st.sampled_from([0.01, 0.05, 0.5]))
+def test_the_step_line_kernel_matches_its_reference(points, min_steps, min_spread):
+    x = np.array([p[0] for p in points], dtype=np.float64)
+    seconds = np.array([p[1] for p in points], dtype=np.float64)
+    if len(points) < 2:
+        x, seconds = np.concatenate([x, [0.0, 1.0]]), np.concatenate([seconds, [0.01, 0.02]])
+    got, want = line_scale(x, seconds, min_steps, min_spread), line_scale_reference(x, seconds, min_steps, min_spread)
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-15)

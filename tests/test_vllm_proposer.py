@@ -385,3 +385,33 @@ def test_a_prior_that_forbids_drafting_is_still_corrected():
     proposer, per_step = drafting_with(0.1, settings="verify_cost=1:1.0,2:2.0,32:32.0")
     assert proposer.cost.step_scale(6) == pytest.approx(0.1, rel=0.3)
     assert per_step > 5
+
+
+class MatchEveryStep(Proposer):
+    """A Proposer that never takes the usual step's compiled path: every step matches rows to
+    slots in Python (RowSessions.step) first, as steps where rows came, went or moved do."""
+
+    def _run(self, token_ids, ends, sampled, rows, check):
+        return super()._run(token_ids, ends, sampled, -1 if check else rows, check)  # -1 rows: never matched
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_usual_step_drafts_what_matching_every_step_drafts(seed, monkeypatch):
+    """Steps whose rows all kept their slots run as one compiled call (spot checks, extend,
+    draft, size); they must draft exactly what matching rows in Python and then drafting does,
+    while rows move, finish and are preempted."""
+    logs = []
+    usual = []
+    same_rows = RowSessions.same_rows
+    monkeypatch.setattr(RowSessions, "same_rows", lambda self, c: usual.append(1) or same_rows(self, c))
+    for proposer_class in (Proposer, MatchEveryStep):
+        rng = np.random.default_rng(seed)
+        requests = [copying_request(1000 * (i + 1), length=int(rng.integers(40, 200)), rng=rng) for i in range(8)]
+        proposer = proposer_class(vllm_config(k=8))
+        ticks = iter(range(10**6))
+        proposer.clock = lambda ticks=ticks: 0.01 * next(ticks) ** 1.1  # slower steps: a scale to learn
+        engine = run_engine(proposer, requests, slots=3, preempt_every=5 + seed, seed=seed)
+        logs.append([(req["base"], draft) for req, draft in engine.draft_log])
+    assert sum(map(len, (d for _, d in logs[0]))) > 100
+    assert len(usual) > len(logs[0]) // 6  # most steps took the usual path
+    assert logs[0] == logs[1]
