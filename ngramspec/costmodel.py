@@ -270,7 +270,8 @@ class OnlineCost:
             with self._lock:
                 window = self._steps.get(bucket + distance, ())
                 points = np.fromiter(chain.from_iterable(window), dtype=np.float64, count=2 * len(window))
-            fitted = line_scale(points[0::2], points[1::2], self.MIN_STEPS, self.MIN_SPREAD)
+            x, seconds = points.reshape(-1, 2).T.copy()  # contiguous rows: the types line_scale is compiled for
+            fitted = line_scale(x, seconds, self.MIN_STEPS, self.MIN_SPREAD)
             if fitted >= 0:
                 scale = fitted
                 break

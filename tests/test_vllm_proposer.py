@@ -10,8 +10,19 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import types
 
-from ngramspec.vllm import VLLM_CPU_COST, Proposer, RowSessions, StepCost, spot_check, spot_check_reference
+from ngramspec.costmodel import line_scale
+from ngramspec.vllm import (
+    VLLM_CPU_COST,
+    Proposer,
+    RowSessions,
+    StepCost,
+    check_rows,
+    propose_rows,
+    spot_check,
+    spot_check_reference,
+)
 
 MAX_LEN = 4096
 
@@ -415,3 +426,15 @@ def test_the_usual_step_drafts_what_matching_every_step_drafts(seed, monkeypatch
     assert sum(map(len, (d for _, d in logs[0]))) > 100
     assert len(usual) > len(logs[0]) // 6  # most steps took the usual path
     assert logs[0] == logs[1]
+
+
+def test_steps_call_the_kernels_with_the_types_they_were_warmed_for():
+    """The proposer compiles (or loads) its kernels at construction; a step that passed, say, a
+    strided view would compile another version mid-serving (~0.4 s, or ~4 ms from Numba's
+    cache; a refit of the step cost once did). Every version any call made must take
+    contiguous arrays."""
+    drafting_with(1.0)  # long enough to refit the step cost a few times
+    for kernel in (propose_rows, line_scale, check_rows, spot_check):
+        for signature in kernel.signatures:
+            layouts = [t.layout for t in signature if isinstance(t, types.Array)]
+            assert set(layouts) <= {"C"}, (kernel.__name__, signature)
