@@ -234,7 +234,7 @@ class OnlineCost:
     # newest steps, so a changed machine or load is learned within STEP_WINDOW steps. (The
     # engine prior has no context axis; a step's context moves a and b together, mostly.)
     STEP_WINDOW = 128
-    STEP_REFIT = 32  # a quarter of the window renewed between fits
+    STEP_REFIT = 64  # half the window renewed between fits
     MIN_STEPS = 8
     MIN_SPREAD = 0.05  # least spread in x (max - min) that measures a slope
     # Where no line is measured yet (too few steps, or all of one size: a prior that makes
@@ -260,10 +260,11 @@ class OnlineCost:
         """How the measured excess cost of a step of ``rows`` rows compares with the prior's (1:
         as the prior says), from its window or the nearest one that measures it; None where
         none does. Refitted after STEP_REFIT more timed steps (an engine asks every step; a fit
-        over a full window costs ~60 us)."""
+        over a full window costs ~60 us), or MIN_STEPS while none is measured."""
         bucket = self.bucket(64 * rows)
         cached = self._step_scales.get(bucket)
-        if cached is not None and self.steps_observed - cached[0] < self.STEP_REFIT:
+        refit = self.STEP_REFIT if cached is not None and cached[1] is not None else self.MIN_STEPS
+        if cached is not None and self.steps_observed - cached[0] < refit:
             return cached[1]
         scale = None
         for distance in (0, -1, 1, -2, 2):

@@ -396,7 +396,9 @@ class Proposer:
         count = len(sampled_token_ids)
         # 1. Each row's tokens so far, and whether it decodes (a row prefilling sampled nothing).
         sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=count)  # (count,)
-        ends = np.asarray(num_tokens_no_spec[:count], dtype=np.int64)  # (count,)
+        ends = np.ascontiguousarray(num_tokens_no_spec, dtype=np.int32)  # (>= count,): vLLM's own array, as is
+        if ends.shape[0] < count:
+            raise ValueError(f"num_tokens_no_spec has {ends.shape[0]} entries for {count} rows")
         sessions = self.sessions
         if self._rows.shape[0] < count:  # buffers for every row of a step, grown as batches grow
             self._allocate(max(count, 2 * self._rows.shape[0]))
@@ -461,7 +463,7 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     context): the decoding rows (``rows[:live]``), whether every one held its slot, how many
     of those slots ran in the step before, and the rows' mean length.
 
-    token_ids (R, L) int32 and ends (R,) int64: row i's text is ``token_ids[i, :ends[i]]``;
+    token_ids (>= R, L) int32 and ends (>= R,) int32: row i's text is ``token_ids[i, :ends[i]]``;
     sampled (R,) int64: tokens row i emitted this step (0: still prefilling). row_slots: row
     -> slot (-1: none). With ``check``, each decoding row must hold the slot it had (spot
     checks) and there must be ``expected`` of them, else nothing changes and matched is False
@@ -477,7 +479,7 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     recent, copy_cursor, fuzzy, payoff = settings[2] != 0, settings[3] != 0, settings[4] != 0, settings[5] != 0
     # 1. Rows that decode this step.
     live, total = 0, 0
-    for i in range(ends.shape[0]):
+    for i in range(sampled.shape[0]):
         if sampled[i] > 0 and ends[i] < max_model_len - 1:
             rows[live] = i
             live += 1
@@ -498,7 +500,7 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
         continued += state[slots[r], ACTIVE]  # its last draft was verified unless it was idle
         state[slots[r], STAMP] = stamp
     # 3. Every row extends its slot with its new tokens and drafts, unsized.
-    row_ends = ends[rows[:live]]
+    row_ends = ends[rows[:live]].astype(np.int64)
     for r in range(live):
         limits[r] = max(min(max_draft, max_model_len - row_ends[r] - 1, drafts.shape[1]), 0)
     draft_rows(token_ids, rows[:live], row_ends, slots[:live], limits[:live], streams, tables, state, evidence,
