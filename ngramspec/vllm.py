@@ -400,8 +400,8 @@ class Proposer:
         if ends.shape[0] < count:
             raise ValueError(f"num_tokens_no_spec has {ends.shape[0]} entries for {count} rows")
         sessions = self.sessions
-        if self._rows.shape[0] < count:  # buffers for every row of a step, grown as batches grow
-            self._allocate(max(count, 2 * self._rows.shape[0]))
+        if self._work.shape[1] < count:  # buffers for every row of a step, grown as batches grow
+            self._allocate(max(count, 2 * self._work.shape[1]))
         # 2. The usual step: the same rows as the last one, each holding its slot (spot-checked),
         #    drafted and sized in one compiled call.
         expected = sessions.active.shape[0]
@@ -409,7 +409,7 @@ class Proposer:
         if matched:
             sessions.same_rows(continued)
         else:  # 3. Rows came, went or moved (rare): match them to slots here, then draft.
-            rows = self._rows[:live].copy()
+            rows = self._work[ROWS, :live].copy()
             sessions.step(token_ids_cpu, rows, ends[rows])
             live, _, continued, context = self._run(token_ids_cpu, ends, sampled, live, False)
         self._context = context
@@ -421,10 +421,10 @@ class Proposer:
             self.cost.observe_step(count + self._last_drafted, context, count, started - self._last_end)
         # 5. Every row's draft, in row order.
         drafts: list[list[int]] = [[] for _ in range(count)]
-        lengths = self._lengths[:live].tolist()
+        lengths = self._work[LENGTHS, :live].tolist()
         kept = self._kept[: sum(lengths)].tolist()
         start = 0
-        for i, n in zip(self._rows[:live].tolist(), lengths):
+        for i, n in zip(self._work[ROWS, :live].tolist(), lengths):
             drafts[i] = kept[start : start + n]
             start += n
         self._last_drafted = start
@@ -442,23 +442,23 @@ class Proposer:
         return propose_rows(
             np.ascontiguousarray(token_ids), ends, sampled, sessions.rows, rows, check, sessions.steps + check,
             table.streams, table.tables, table.state, table.evidence, table.pending, history, history_slots,
-            history_length, self._settings, self._rates, step_costs, self._rows, self._slots, self._drafts,
-            self._limits, self._lengths, self._acceptance, self._kept)
+            history_length, self._settings, self._rates, step_costs, self._work, self._drafts, self._acceptance,
+            self._kept)
 
     def _allocate(self, rows: int) -> None:
-        self._rows = np.zeros(rows, dtype=np.int64)  # this step's decoding rows
-        self._slots = np.zeros(rows, dtype=np.int64)  # their slots
+        self._work = np.zeros((4, rows), dtype=np.int64)  # ROWS, SLOTS, LIMITS, LENGTHS (sized)
         self._drafts = np.zeros((rows, self.sessions.table.pending.shape[1]), dtype=np.int32)  # unsized
-        self._limits = np.zeros(rows, dtype=np.int64)
-        self._lengths = np.zeros(rows, dtype=np.int64)  # sized
         self._acceptance = np.zeros(rows)
         self._kept = np.zeros(rows * self._drafts.shape[1], dtype=np.int32)  # every sized draft, in row order
 
 
+ROWS, SLOTS, LIMITS, LENGTHS = range(4)  # rows of propose_rows' work array
+
+
 @njit(cache=True)
 def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, streams, tables, state, evidence,
-                 pending, history, history_slots, history_length, settings, rates, step_costs, rows, slots, drafts,
-                 limits, lengths, acceptance, kept):
+                 pending, history, history_slots, history_length, settings, rates, step_costs, work, drafts, acceptance,
+                 kept):
     """One engine step's drafting, all rows in one call. Returns (live, matched, continued,
     context): the decoding rows (``rows[:live]``), whether every one held its slot, how many
     of those slots ran in the step before, and the rows' mean length.
@@ -473,8 +473,9 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     rows' last tokens and m draft tokens) and the slots note what the next step verifies.
     ``stamp`` marks the slots' STAMP. settings (int64): min_n, max_n, recent, copy_cursor,
     fuzzy, payoff, max_draft, max_model_len; rates: the acceptance prior and memory. Out:
-    slots, limits, acceptance (A,) and drafts (A, K) unsized; lengths (A,) sized; kept: the
-    sized drafts one after another, in row order."""
+    work (4, >= A) int64: the rows, their slots, limits and sized draft lengths; acceptance
+    (A,) and drafts (A, K), unsized; kept: the sized drafts one after another, in row order."""
+    rows, slots, limits, lengths = work[ROWS], work[SLOTS], work[LIMITS], work[LENGTHS]
     min_n, max_n, max_draft, max_model_len = settings[0], settings[1], settings[6], settings[7]
     recent, copy_cursor, fuzzy, payoff = settings[2] != 0, settings[3] != 0, settings[4] != 0, settings[5] != 0
     # 1. Rows that decode this step.
