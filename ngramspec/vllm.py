@@ -419,17 +419,20 @@ class Proposer:
         #    tokens are unknown).
         if self._last_end is not None and live == count > 0 and sessions.continued == count:
             self.cost.observe_step(count + self._last_drafted, context, count, started - self._last_end)
-        # 5. Every row's draft, in row order.
-        drafts: list[list[int]] = [[] for _ in range(count)]
+        # 5. Every row's draft, in row order (rows that do not decode: none).
         lengths = self._work[LENGTHS, :live].tolist()
         kept = self._kept[: sum(lengths)].tolist()
-        start = 0
-        for i, n in zip(self._work[ROWS, :live].tolist(), lengths):
-            drafts[i] = kept[start : start + n]
-            start += n
-        self._last_drafted = start
+        if live == count == 1:
+            drafts = [kept]
+        else:
+            drafts = [[] for _ in range(count)]
+            start = 0
+            for i, n in zip(self._work[ROWS, :live].tolist(), lengths):
+                drafts[i] = kept[start : start + n]
+                start += n
+        self._last_drafted = len(kept)
         self.steps += 1
-        self.drafted_tokens += start
+        self.drafted_tokens += len(kept)
         self._last_end = self.clock()
         return drafts
 
