@@ -283,7 +283,8 @@ class OnlineCost:
         """``costs[m]`` for m = 0..positions: a step over ``rows`` rows' last tokens and m draft
         tokens (every total one step could schedule, priced at once), relative to a plain step
         of ``rows`` rows. ``step``: the caller's step number (exploration, below). Kept until
-        the fitted scale changes (an engine asks every step)."""
+        the fitted scale changes (an engine asks every step); a prior with a context axis is
+        read once per half-octave of context."""
         scale = self.step_scale(rows)
         if scale is None:  # nothing measured here yet: the prior, and every few steps an optimistic try
             scale = self.EXPLORE_SCALE if step % self.EXPLORE_EVERY == self.EXPLORE_EVERY - 1 else 1.0
@@ -304,7 +305,7 @@ def line_scale(x, seconds, min_steps, min_spread):
     the median of the pairwise slopes b (pairs at least min_spread / 10 apart in x), then the
     median intercept a. -1.0 where there are fewer than ``min_steps`` points, less than
     ``min_spread`` spread in x, or no positive a; else clipped to [0, 50]. (n = 128 gives 8,128
-    pairs: numpy took ~0.6 ms per fit, an engine refits every few steps.) Reference:
+    pairs: numpy took ~0.6 ms per fit, an engine refits every STEP_REFIT steps.) Reference:
     :func:`line_scale_reference`."""
     n = x.shape[0]
     if n < min_steps or x.max() - x.min() < min_spread:

@@ -265,13 +265,3 @@ class SessionTable:
 
 _NO_HISTORY = np.zeros(1, dtype=np.int32)
 _NO_SLOTS = np.zeros(16, dtype=np.uint64)
-
-
-def warm_up(config) -> None:
-    """Compile (or load) :func:`draft_rows` for these settings' types, so no step pays the JIT."""
-    table = SessionTable(config)
-    text = np.array([[5, 6, 7, 5, 6, 7, 5]], dtype=np.int32)
-    s = table.new(4)
-    table.draft(text, np.array([0]), np.array([5]), np.array([s]), np.array([4]))
-    table.state[s, ACTIVE], table.state[s, VERIFIED] = 1, 2
-    table.draft(text, np.array([0]), np.array([7]), np.array([s]), np.array([4]))

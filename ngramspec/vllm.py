@@ -189,7 +189,7 @@ class RowSessions:
     def step(self, token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Match every decoding row (``rows`` (A,) indices into ``token_ids``, row r's text
         ``token_ids[rows[r], :ends[r]]``) to a slot; returns the slots (A,). The slots extend
-        with their rows' new tokens when they draft (:meth:`SessionTable.draft`)."""
+        with their rows' new tokens when they draft (:func:`propose_rows`)."""
         count = rows.shape[0]
         uniforms = self.rng.random((count, PROBES))  # every row's probes in one draw
         had = np.full(count, -1, dtype=np.int64)
@@ -241,11 +241,6 @@ class RowSessions:
         matched, stamped and drafted in one compiled call): what :meth:`step` notes of it."""
         self.steps += 1
         self.continued = continued
-
-    def drafted(self, slots: np.ndarray, lengths: np.ndarray) -> None:
-        """This step's slots proposed drafts of these lengths: the next step verifies them."""
-        self.table.state[slots, VERIFIED] = lengths
-        self.table.state[slots, ACTIVE] = 1
 
 
 @njit(cache=True)
@@ -300,6 +295,7 @@ class Proposer:
     """vLLM ``custom_class`` drafter backed by ngramspec sessions (see the module docstring)."""
 
     clock = staticmethod(time.perf_counter)  # tests put a fake clock here
+    usual_step = True  # False: every step matches rows to slots in Python first (tests compare both)
 
     def __init__(self, vllm_config, settings: str | None = None):
         spec = vllm_config.speculative_config
@@ -347,21 +343,23 @@ class Proposer:
         self._settings = np.array([config.min_n, config.max_n, config.match == "recent", config.copy_cursor,
                                    config.fuzzy_resync, config.payoff_sizing, self.max_draft, self.max_model_len],
                                   dtype=np.int64)
-        self._rates = np.array([config.acceptance_prior, config.acceptance_memory])
+        self._rates = np.array([config.acceptance_prior, config.acceptance_memory], dtype=np.float64)
         self._warm_up()
 
     def _warm_up(self) -> None:
         """Compile (or load from Numba's cache) every kernel a step calls, on a scratch row and
         scratch sessions, so that no engine step pays the JIT: a new row, then the same row."""
         saved = dict(vars(self))  # every attribute as it is: the scratch steps leave no trace
-        self.sessions, self.cost = RowSessions(self.speculator), OnlineCost(prior=self.step_cost)
-        row = np.tile(np.arange(HEAD, dtype=np.int32), 4)[None, :]
-        for end in (3 * HEAD, 3 * HEAD + 2):
-            self._propose([[1]], np.array([end]), row)
-        spot_check(row[0], row[0], HEAD, np.zeros(PROBES))  # RowSessions.holds
-        line_scale(np.arange(8.0), np.arange(8.0), 8, 0.05)  # OnlineCost.step_scale
-        vars(self).clear()
-        vars(self).update(saved)
+        try:
+            self.sessions, self.cost = RowSessions(self.speculator), OnlineCost(prior=self.step_cost)
+            row = np.tile(np.arange(HEAD, dtype=np.int32), 4)[None, :]
+            for end in (3 * HEAD, 3 * HEAD + 2):
+                self._propose([[1]], np.array([end]), row)
+            spot_check(row[0], row[0], HEAD, np.zeros(PROBES))  # RowSessions.holds
+            line_scale(np.arange(8.0), np.arange(8.0), 8, 0.05)  # OnlineCost.step_scale
+        finally:
+            vars(self).clear()
+            vars(self).update(saved)
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: drafts come from the requests' own text."""
@@ -397,21 +395,23 @@ class Proposer:
         # 1. Each row's tokens so far, and whether it decodes (a row prefilling sampled nothing).
         sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=count)  # (count,)
         ends = np.ascontiguousarray(num_tokens_no_spec, dtype=np.int32)  # (>= count,): vLLM's own array, as is
-        if ends.shape[0] < count:
-            raise ValueError(f"num_tokens_no_spec has {ends.shape[0]} entries for {count} rows")
+        token_ids = np.ascontiguousarray(token_ids_cpu)  # (>= count, max_model_len) int32, as is
+        if ends.shape[0] < count or token_ids.shape[0] < count:
+            raise ValueError(f"num_tokens_no_spec ({ends.shape[0]}) and token_ids_cpu ({token_ids.shape[0]}) "
+                             f"have fewer rows than sampled_token_ids ({count})")
         sessions = self.sessions
         if self._work.shape[1] < count:  # buffers for every row of a step, grown as batches grow
             self._allocate(max(count, 2 * self._work.shape[1]))
         # 2. The usual step: the same rows as the last one, each holding its slot (spot-checked),
         #    drafted and sized in one compiled call.
         expected = sessions.active.shape[0]
-        live, matched, continued, context = self._run(token_ids_cpu, ends, sampled, expected, True)
+        live, matched, continued, context = self._run(token_ids, ends, sampled, expected, True)
         if matched:
             sessions.same_rows(continued)
         else:  # 3. Rows came, went or moved (rare): match them to slots here, then draft.
             rows = self._work[ROWS, :live].copy()
-            sessions.step(token_ids_cpu, rows, ends[rows])
-            live, _, continued, context = self._run(token_ids_cpu, ends, sampled, live, False)
+            sessions.step(token_ids, rows, ends[rows])
+            live, _, _, context = self._run(token_ids, ends, sampled, live, False)
         self._context = context
         # 4. The engine step that just ran, timed from the end of the last propose(): learned
         #    where it ran exactly this step's rows, all decoding, over each row's last token
@@ -436,14 +436,16 @@ class Proposer:
         self._last_end = self.clock()
         return drafts
 
-    def _run(self, token_ids, ends, sampled, rows: int, check: bool):
-        """:func:`propose_rows` over this step's rows (``rows`` of them expected), sized by the
-        step cost of that many rows."""
+    def _run(self, token_ids, ends, sampled, expected: int, check: bool):
+        """:func:`propose_rows` over this step's rows (``expected`` of them), sized by the step
+        cost of that many rows. With ``check``, a step whose rows did not all keep their slots
+        returns unmatched (as every such step does where ``usual_step`` is off)."""
         sessions, table = self.sessions, self.sessions.table
         history, history_slots, history_length = table.history_arrays()
-        step_costs = self.cost.step_costs(rows, rows * self.max_draft, self._context, self.steps)
+        step_costs = self.cost.step_costs(expected, expected * self.max_draft, self._context, self.steps)
+        stamp = sessions.steps + 1 if check else sessions.steps  # RowSessions.step has stamped the others
         return propose_rows(
-            np.ascontiguousarray(token_ids), ends, sampled, sessions.rows, rows, check, sessions.steps + check,
+            token_ids, ends, sampled, sessions.rows, expected if self.usual_step or not check else -1, check, stamp,
             table.streams, table.tables, table.state, table.evidence, table.pending, history, history_slots,
             history_length, self._settings, self._rates, step_costs, self._work, self._drafts, self._acceptance,
             self._kept)
@@ -498,6 +500,8 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
         if check and (s < 0 or not spot_check(streams[s], token_ids[i, : ends[i]], state[s, LENGTH],
                                               np.random.random(PROBES))):
             return live, False, 0, context
+        if s < 0:
+            raise ValueError("a decoding row has no slot")  # the caller matches every row first
         slots[r] = s
     continued = 0
     for r in range(live):
@@ -511,6 +515,8 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
                pending, history, history_slots, history_length, min_n, max_n, recent, copy_cursor, fuzzy, rates[0],
                rates[1], drafts, lengths, acceptance)
     # 4. One length per row, for all rows together (the step's total token count).
+    if payoff and lengths[:live].sum() >= step_costs.shape[0]:
+        raise ValueError("step_costs must price every total the drafts could add")
     if payoff:
         lengths[:live] = draft_lengths(acceptance[:live], lengths[:live], step_costs, False)[0]
     # 5. The next step verifies these; the sized drafts one after another.
