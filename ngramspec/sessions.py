@@ -5,8 +5,9 @@ step's forward on a GPU machine.
 
 A *slot* holds one request: its token stream and n-gram table (:mod:`ngramspec.index`'s
 arrays, one per slot in a typed list, grown inside the kernel), and a row of ``state``
-(lengths, copy cursor, the pending draft's kind and start) and ``evidence`` (accepted and
-rejected draft tokens per acceptance kind). :func:`draft_rows` does, for each row, exactly
+(lengths, copy cursor, the pending draft's match and start) and ``evidence`` (accepted and
+rejected draft positions per match-length bucket, :mod:`ngramspec.acceptance`; with ``pool``,
+the same pooled over every slot). :func:`draft_rows` does, for each row, exactly
 what one :class:`~ngramspec.speculator.SpeculationSession` does for a chain draft with
 ``sized=False``: learn from the pending draft (``verified`` of its tokens were checked), append
 the row's new tokens, move the copy cursor, then draft from the cursor, the index, fuzzy
@@ -15,8 +16,8 @@ re-alignment or the shared history, in that order. ``SpeculationSession`` is the
 
 Worked example (min_n=1, max_n=3, one row): a new slot gets ``[5 6 7 5 6]`` as its new tokens;
 the suffix ``(5 6)`` last ended at position 1, so the draft copies from position 2, periodic
-past the end: limit 4 gives ``[7 5 6 7]``, kind 2 (the match length), acceptance 0.5 (the
-prior, with no evidence yet).
+past the end: limit 4 gives ``[7 5 6 7]``, continuing a match of 2 tokens, every position
+estimated at 0.5 (the prior, with no evidence yet).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from numba import njit, types
 from numba.typed import List
 
+from .acceptance import fade, learn, match_length, new_evidence, position_acceptance
 from .history import SEPARATOR
 from .index import index_extend, index_find
 from .speculator import FUZZY_AHEAD, FUZZY_BELOW_N, FUZZY_CONTEXT, FUZZY_WINDOW
@@ -32,7 +34,7 @@ from .speculator import FUZZY_AHEAD, FUZZY_BELOW_N, FUZZY_CONTEXT, FUZZY_WINDOW
 # Columns of ``state`` (int64, one row per slot).
 # VERIFIED: how many tokens of its draft the next step verifies; ACTIVE: it ran in the step
 # that just finished; STAMP: the caller's mark of the step it last ran in.
-LENGTH, USED, PROMPT, CURSOR, LOST_AT, LOST_SOURCE, PENDING_LEN, PENDING_KIND, PENDING_START, VERIFIED, \
+LENGTH, USED, PROMPT, CURSOR, LOST_AT, LOST_SOURCE, PENDING_LEN, PENDING_MATCH, PENDING_START, VERIFIED, \
     ACTIVE, FINISHED, STAMP = range(13)
 COLUMNS = 13
 FRESH = np.array([0, 0, 0, -1, -1, -1, 0, 0, -1, 0, 0, 0, -1], dtype=np.int64)  # a new slot's state row
@@ -75,22 +77,20 @@ def _realign(stream, length, lost_at, lost_source):
 
 
 @njit(cache=True)
-def _extend(s, new, streams, tables, state, evidence, pending, min_n, max_n, memory):
+def _extend(s, new, streams, tables, state, evidence, pool, pending, min_n, max_n, memory):
     """``SpeculationSession.extend(new, verified)`` for slot s (new: int32 array, non-empty)."""
     count = new.shape[0]
     branch = -1
     if state[s, PENDING_LEN] > 0:  # learn how much of the last draft the target kept
-        kind = state[s, PENDING_KIND]
+        match = state[s, PENDING_MATCH]
         verified = state[s, VERIFIED] if state[s, ACTIVE] else 0
         drafted = min(state[s, PENDING_LEN], verified)
         if verified == 0:
-            evidence[s, 0, kind] *= memory
-            evidence[s, 1, kind] *= memory
+            fade(evidence[s], pool, match, memory)
         kept = 0
         while kept < min(drafted, count) and pending[s, kept] == new[kept]:
             kept += 1
-        evidence[s, 0, kind] += kept
-        evidence[s, 1, kind] += kept < drafted
+        learn(evidence[s], pool, match, kept, drafted)
         branch = state[s, PENDING_START]
         state[s, PENDING_LEN] = 0
     old = state[s, LENGTH]
@@ -119,33 +119,32 @@ def _extend(s, new, streams, tables, state, evidence, pending, min_n, max_n, mem
 
 
 @njit(cache=True)
-def _propose(s, limit, streams, tables, state, evidence, pending, history, history_slots, history_length,
-             min_n, max_n, recent, copy_cursor, fuzzy, prior, out):
+def _propose(s, limit, streams, tables, state, evidence, pool, pending, history, history_slots, history_length,
+             min_n, max_n, recent, copy_cursor, fuzzy, prior, out, estimates):
     """``SpeculationSession.propose(limit, sized=False, tree=False)`` for slot s: the draft
-    into ``out`` (its length returned) and its acceptance estimate."""
+    into ``out`` (its length returned) and each position's acceptance estimate into
+    ``estimates``."""
     state[s, PENDING_LEN] = 0
     if limit <= 0:
-        return 0, 0.0
+        return 0
     stream, length = streams[s], state[s, LENGTH]
-    kind, start, own = -1, -1, True
+    start, own, match = -1, True, 0
     cursor = state[s, CURSOR]
     if copy_cursor and 0 <= cursor < length:
-        kind, start = max_n + 1, cursor
+        start = cursor
     else:
         n, found = index_find(stream, stream[:length], min_n, max_n, recent, tables[s])
         if fuzzy and n < FUZZY_BELOW_N:
-            resume = _realign(stream, length, state[s, LOST_AT], state[s, LOST_SOURCE])
-            if resume >= 0:
-                kind, start = max_n + 2, resume
-        if kind < 0 and n > 0:
-            kind, start = n, found
-        if kind < 0 and history_length > 0:
+            start = _realign(stream, length, state[s, LOST_AT], state[s, LOST_SOURCE])
+        if start < 0 and n > 0:
+            start = found
+        if start < 0 and history_length > 0:
             n, found = index_find(history, stream[max(0, length - max_n) : length], min_n, max_n, True,
                                   history_slots)
             if n > 0 and found < history_length and history[found] != SEPARATOR:
-                kind, start, own = max_n + 3, found, False
-    if kind < 0:
-        return 0, 0.0
+                start, own, match = found, False, n
+    if start < 0:
+        return 0
     drafted = 0
     if own:  # periodic past the end of the stream, as np.resize repeats
         period = length - start
@@ -156,46 +155,50 @@ def _propose(s, limit, streams, tables, state, evidence, pending, history, histo
         while drafted < limit and start + drafted < history.shape[0] and history[start + drafted] != SEPARATOR:
             out[drafted] = history[start + drafted]
             drafted += 1
+    if own:
+        match = match_length(stream, length, start)
+    position_acceptance(evidence[s], pool, prior, match, estimates[:drafted])
     pending[s, :drafted] = out[:drafted]
     state[s, PENDING_LEN] = drafted
-    state[s, PENDING_KIND] = kind
+    state[s, PENDING_MATCH] = match
     state[s, PENDING_START] = start if own else -1
-    accepted = evidence[s, 0, kind] + 2.0 * prior
-    return drafted, accepted / (accepted + evidence[s, 1, kind] + 2.0 * (1 - prior))
+    return drafted
 
 
 @njit(cache=True)
-def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evidence, pending,
+def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evidence, pool, pending,
                history, history_slots, history_length, min_n, max_n, recent, copy_cursor, fuzzy, prior, memory,
                drafts, lengths, acceptance):
     """For each row r: slot ``slots[r]`` learns from its pending draft, appends
     ``token_ids[rows[r], state[LENGTH]:ends[r]]`` and drafts up to ``limits[r]`` tokens into
-    ``drafts[r]`` (``lengths[r]`` of them, acceptance estimate ``acceptance[r]``).
+    ``drafts[r]`` (``lengths[r]`` of them, each position's acceptance estimate in
+    ``acceptance[r]``).
 
     token_ids (R, L) int32: every row's text, as vLLM keeps it; rows, ends, slots, limits (A,)
-    int64; drafts (A, >= limits.max()) int32, lengths (A,) int64, acceptance (A,) float64."""
+    int64; drafts (A, >= limits.max()) int32, lengths (A,) int64, acceptance (A, >= limits.max())
+    float64; evidence (slots, 2, BUCKETS), pool (2, BUCKETS) float64."""
     for r in range(rows.shape[0]):
         s = slots[r]
         seen = state[s, LENGTH]
         if seen < ends[r]:
-            _extend(s, token_ids[rows[r], seen : ends[r]], streams, tables, state, evidence, pending,
+            _extend(s, token_ids[rows[r], seen : ends[r]], streams, tables, state, evidence, pool, pending,
                     min_n, max_n, memory)
-        lengths[r], acceptance[r] = _propose(s, limits[r], streams, tables, state, evidence, pending, history,
-                                             history_slots, history_length, min_n, max_n, recent, copy_cursor,
-                                             fuzzy, prior, drafts[r])
+        lengths[r] = _propose(s, limits[r], streams, tables, state, evidence, pool, pending, history,
+                              history_slots, history_length, min_n, max_n, recent, copy_cursor, fuzzy, prior,
+                              drafts[r], acceptance[r])
 
 
 class SessionTable:
     """Slots for requests (see the module docstring); ``config`` a SpeculatorConfig, ``history``
     the speculator's :class:`~ngramspec.history.History` or None."""
 
-    def __init__(self, config, history=None, slots: int = 16):
+    def __init__(self, config, history=None, slots: int = 16, pool=None):
         self.config, self.history = config, history
-        self.kinds = config.max_n + 4
+        self.pool = new_evidence() if pool is None else pool  # (2, BUCKETS), shared by every slot
         self.streams = List.empty_list(types.int32[::1])
         self.tables = List.empty_list(types.uint64[::1])
         self.state = np.zeros((0, COLUMNS), dtype=np.int64)
-        self.evidence = np.zeros((0, 2, self.kinds))
+        self.evidence = np.zeros((0,) + self.pool.shape)
         self.pending = np.zeros((0, config.max_draft_tokens), dtype=np.int32)
         self.free: list[int] = []
         self._grow(slots)
@@ -203,7 +206,7 @@ class SessionTable:
     def _grow(self, slots: int) -> None:
         old = self.state.shape[0]
         self.state = np.concatenate([self.state, np.tile(FRESH, (slots - old, 1))])
-        self.evidence = np.concatenate([self.evidence, np.zeros((slots - old, 2, self.kinds))])
+        self.evidence = np.concatenate([self.evidence, np.zeros((slots - old,) + self.pool.shape)])
         self.pending = np.concatenate([self.pending, np.zeros((slots - old, self.pending.shape[1]), np.int32)])
         for _ in range(old, slots):
             self.streams.append(np.zeros(16, dtype=np.int32))
@@ -247,19 +250,19 @@ class SessionTable:
     def draft(self, token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray, slots: np.ndarray,
               limits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:func:`draft_rows` over these rows: (drafts (A, max_draft_tokens) int32, lengths (A,),
-        acceptance (A,)). A slot's ``VERIFIED`` (how many of its draft the next step verifies)
+        acceptance (A, max_draft_tokens)). A slot's ``VERIFIED`` (how many of its draft the next step verifies)
         and ``ACTIVE`` (it ran in the step that just finished) are the caller's to set."""
         c = self.config
         count = rows.shape[0]
         drafts = np.zeros((count, self.pending.shape[1]), dtype=np.int32)
         lengths = np.zeros(count, dtype=np.int64)
-        acceptance = np.zeros(count)
+        acceptance = np.zeros(drafts.shape)
         history, history_slots, history_length = self.history_arrays()
         draft_rows(np.ascontiguousarray(token_ids), rows.astype(np.int64), ends.astype(np.int64),
                    slots.astype(np.int64), np.minimum(limits, drafts.shape[1]).astype(np.int64), self.streams,
-                   self.tables, self.state, self.evidence, self.pending, history, history_slots, history_length,
-                   c.min_n, c.max_n, c.match == "recent", c.copy_cursor, c.fuzzy_resync, c.acceptance_prior,
-                   c.acceptance_memory, drafts, lengths, acceptance)
+                   self.tables, self.state, self.evidence, self.pool, self.pending, history, history_slots,
+                   history_length, c.min_n, c.max_n, c.match == "recent", c.copy_cursor, c.fuzzy_resync,
+                   c.acceptance_prior, c.acceptance_memory, drafts, lengths, acceptance)
         return drafts, lengths, acceptance
 
 

@@ -1,29 +1,33 @@
 """The one draft-sizing rule: how many draft tokens each row verifies in the next step.
 
-Row b's j-th draft token is emitted with probability r_b^j (r_b its acceptance estimate: every
-earlier one must have been accepted too). A step that verifies m draft positions costs
-``step_costs[m]`` (relative to any fixed unit, e.g. a one-token forward). The rule picks the m
-that maximises expected emitted tokens per unit cost, against a plain step (m = 0), which
-emits one token per row:
+Row b's j-th draft token (j = 1, 2, ...) is accepted with probability ``acceptance[b, j - 1]``
+given that the one before it was (a per-position estimate,
+:func:`ngramspec.acceptance.position_acceptance`), so it is emitted with probability
+g_bj = acceptance[b, 0] * ... * acceptance[b, j - 1], its *gain*; gains fall with j. A step that
+verifies m draft positions costs ``step_costs[m]`` (relative to any fixed unit, e.g. a one-token
+forward). The rule picks the m that maximises expected emitted tokens per unit cost, against a
+plain step (m = 0), which emits one token per row:
 
 * **flattened** (one row alone, vLLM's batch: rows are concatenated, each pays only for its
   own draft): m counts all rows' draft positions together. Positions are taken in order of
-  their gain r_b^j (each row's gains fall with j, so this is one sort), which gives the most
+  their gain (each row's gains fall with j, so this is one sort), which gives the most
   expected tokens for every m; the m kept maximises (rows + sum of the first m gains) /
   step_costs[m]. Each row's length is how many of its positions were kept.
 * **padded** (a transformers batch verified as one (rows, K + 1) tensor): every row pays for K
-  positions whatever its own draft, so m is K per row; row b emits 1 + r_b + ... + r_b^min(K,
+  positions whatever its own draft, so m is K per row; row b emits 1 + g_b1 + ... + g_bmin(K,
   k_b) in expectation, and its length is min(K, k_b).
 
-Worked example, flattened, r = (0.9, 0.5), limits (3, 2), step_costs[m] = 1 + 0.1 (2 + m - 1):
-gains 0.9 0.81 0.73 | 0.5 0.25 -> sorted 0.9 0.81 0.73 0.5 0.25; (2 + first m) / cost:
-m=0 1.82, 1 2.32, 2 2.71, 3 2.96, 4 3.08, 5 3.06 -> m=4: lengths (3, 1).
+Worked example, flattened, acceptance ((0.9, 0.9, 0.9), (0.5, 0.5)), limits (3, 2),
+step_costs[m] = 1 + 0.1 (2 + m - 1): gains 0.9 0.81 0.73 | 0.5 0.25 -> sorted 0.9 0.81 0.73 0.5
+0.25; (2 + first m) / cost: m=0 1.82, 1 2.32, 2 2.71, 3 2.96, 4 3.08, 5 3.06 -> m=4: lengths (3, 1).
 
 All rows of a step are sized in one compiled call (:func:`draft_lengths`); the plain-Python
 reference is :func:`draft_lengths_reference` (a Hypothesis test pins them together).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit
@@ -33,10 +37,11 @@ from numba import njit
 def draft_lengths(acceptance, limits, step_costs, padded):
     """Each row's draft length (int64) and the best value (expected tokens per unit cost).
 
-    acceptance (rows,) float64 in [0, 1]; limits (rows,) int64, each row's longest draft;
-    step_costs (M + 1,) float64: flattened, M >= limits.sum(); padded, M >= limits.max().
+    acceptance (rows, K) float64 in [0, 1], K >= limits.max(): each position's acceptance given
+    the one before it was; limits (rows,) int64, each row's longest draft; step_costs (M + 1,)
+    float64: flattened, M >= limits.sum(); padded, M >= limits.max().
     """
-    rows = acceptance.shape[0]
+    rows = limits.shape[0]
     lengths = np.zeros(rows, dtype=np.int64)
     if rows == 0:
         return lengths, 0.0
@@ -48,7 +53,7 @@ def draft_lengths(acceptance, limits, step_costs, padded):
         for k in range(1, longest + 1):
             for b in range(rows):
                 if limits[b] >= k:
-                    power[b] *= acceptance[b]
+                    power[b] *= acceptance[b, k - 1]
                     expected += power[b]
             value = expected / step_costs[k]
             if value > best:
@@ -62,8 +67,8 @@ def draft_lengths(acceptance, limits, step_costs, padded):
     at = 0
     for b in range(rows):
         g = 1.0
-        for _ in range(limits[b]):
-            g *= acceptance[b]
+        for j in range(limits[b]):
+            g *= acceptance[b, j]
             gains[at] = g
             owner[at] = b
             at += 1
@@ -129,18 +134,21 @@ def draft_lengths_reference(acceptance, limits, step_costs, padded) -> tuple[np.
 
 def candidates_reference(acceptance, limits, step_costs, padded) -> list[tuple[list[int], float]]:
     """(lengths, value) for every m, in order of m (empty for no rows)."""
-    rows = len(acceptance)
+    rows = len(limits)
     if rows == 0:
         return []
 
+    def gain(b, j):  # row b's j-th draft token is emitted
+        return math.prod(acceptance[b, :j].tolist())
+
     def expected(lengths):
-        return sum(sum(float(r) ** j for j in range(k + 1)) for r, k in zip(acceptance, lengths))
+        return sum(sum(gain(b, j) for j in range(k + 1)) for b, k in enumerate(lengths))
 
     if padded:
         candidates = [[min(k, int(limit)) for limit in limits] for k in range(int(max(limits)) + 1)]
     else:
-        gains = sorted(((float(r) ** j, b) for b, (r, limit) in enumerate(zip(acceptance, limits))
-                        for j in range(1, int(limit) + 1)), key=lambda g: -g[0])  # stable, as above
+        gains = sorted(((gain(b, j), b) for b, limit in enumerate(limits) for j in range(1, int(limit) + 1)),
+                       key=lambda g: -g[0])  # stable, as above
         candidates = []
         for m in range(len(gains) + 1):
             lengths = [0] * rows
@@ -153,4 +161,4 @@ def candidates_reference(acceptance, limits, step_costs, padded) -> list[tuple[l
 def warm_up() -> None:
     """Compile (or load from Numba's cache) both ways, so no step pays the JIT."""
     for padded in (False, True):
-        draft_lengths(np.array([0.5]), np.array([2], dtype=np.int64), np.ones(3), padded)
+        draft_lengths(np.full((1, 2), 0.5), np.array([2], dtype=np.int64), np.ones(3), padded)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
+from .acceptance import fade, learn, match_length, new_evidence, position_acceptance
+from .acceptance import warm_up as warm_up_acceptance
 from .config import SpeculatorConfig
 from .costmodel import OnlineCost
 from .history import SEPARATOR, History
@@ -38,15 +40,16 @@ class Draft:
     (-1: the last emitted token), parents before children.
     ``match_len``/``source_start``: the suffix match that produced the draft and where in the
     token stream the copied continuation starts (-1 when there was none).
-    ``acceptance``: the session's estimate that a drafted token is accepted given the one before
-    it was (after matches of this length); batch loops size a shared draft length from it.
+    ``acceptance``: (k,) float64, the session's estimate that each drafted token is accepted
+    given the one before it was (:mod:`ngramspec.acceptance`); batch loops size a shared draft
+    length from it. Empty when nothing was drafted.
     """
 
     tokens: np.ndarray
     parents: np.ndarray | None = None
     match_len: int = 0
     source_start: int = -1
-    acceptance: float = 0.0
+    acceptance: np.ndarray = dataclasses.field(default_factory=lambda: _NO_ESTIMATES)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -68,13 +71,14 @@ EXPLORE_BELOW = 2.0
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 _NO_TOKENS.flags.writeable = False
+_NO_ESTIMATES = np.zeros(0)
+_NO_ESTIMATES.flags.writeable = False
 
 
 @dataclass(frozen=True)
 class _Candidate:
-    """One possible continuation: ``source[start:]``, found by ``kind`` (an acceptance bucket)."""
+    """One possible continuation: ``source[start:]``."""
 
-    kind: int
     start: int
     match_len: int
     source: np.ndarray  # the stream itself, or the shared history's tokens
@@ -97,7 +101,8 @@ class SpeculationSession:
     With ``tree_branches > 1`` the other candidates join the first as branches of a token tree.
     """
 
-    def __init__(self, config: SpeculatorConfig, prompt_ids, capacity: int = 0, history=None, cost_model=None):
+    def __init__(self, config: SpeculatorConfig, prompt_ids, capacity: int = 0, history=None, cost_model=None,
+                 pool=None):
         prompt = _as_token_array(prompt_ids)
         self.config = config
         self.index = NgramIndex(
@@ -109,31 +114,16 @@ class SpeculationSession:
         self.index.append(prompt)
         self.prompt_length = int(prompt.shape[0])
         self._history = history
-        # Payoff sizing: per acceptance bucket (match length n, or the cursor / fuzzy / history
-        # kinds above max_n), accepted draft tokens and rejections seen so far. A drafted token
-        # is accepted with probability r = accepted / (accepted + rejected), given the one
-        # before it was (a geometric run; fully accepted drafts are censored).
+        # Payoff sizing: this request's accepted and rejected draft positions per match-length
+        # bucket, and the speculator's pool of the same (ngramspec.acceptance).
         self._costs = config.verify_costs()  # the fixed curve, when there is no cost model
         self._cost_model = cost_model  # an OnlineCost: costs at this request's context, as measured
-        self._accepted = np.zeros(config.max_n + 4)
-        self._rejected = np.zeros(config.max_n + 4)
-        self._pending = None  # (primary chain tokens, its bucket, own-stream branch starts)
+        self._evidence = new_evidence()
+        self._pool = new_evidence() if pool is None else pool
+        self._pending = None  # (primary chain tokens, the match it continues, own-stream branch starts)
         self._cursor = -1  # stream position of the token expected next while copying, or -1
         self._lost = (-1, -1)  # (stream length, source position) where the last copy broke
         self._finished = False
-
-    # Acceptance buckets beyond the match lengths 0..max_n.
-    @property
-    def _cursor_kind(self) -> int:
-        return self.config.max_n + 1
-
-    @property
-    def _fuzzy_kind(self) -> int:
-        return self.config.max_n + 2
-
-    @property
-    def _history_kind(self) -> int:
-        return self.config.max_n + 3
 
     @property
     def tokens(self) -> np.ndarray:
@@ -158,17 +148,20 @@ class SpeculationSession:
         if not candidates:
             return Draft(_NO_TOKENS)
         first = candidates[0]
-        acceptance = self._acceptance(first.kind)
-        if sized and self.config.payoff_sizing:
-            limit = self._best_length(first.kind, acceptance, limit)
-        if limit <= 0:  # a match, but drafting would not pay: a plain step ("declined")
-            return Draft(_NO_TOKENS, match_len=first.match_len, source_start=first.start, acceptance=acceptance)
         tokens = self._continuation(first, limit)
+        match = match_length(self.index.tokens, self.index.length, first.start) if first.own else first.match_len
+        acceptance = np.zeros(len(tokens))
+        position_acceptance(self._evidence, self._pool, self.config.acceptance_prior, match, acceptance)
+        if sized and self.config.payoff_sizing:
+            limit = self._best_length(match, acceptance)
+        if limit <= 0:  # a match, but drafting would not pay: a plain step ("declined")
+            return Draft(_NO_TOKENS, match_len=first.match_len, source_start=first.start)
+        tokens, acceptance = tokens[:limit], acceptance[:limit]
         parents = None
         if len(candidates) > 1:
             tokens, parents = self._tree(tokens, candidates[1:], limit)
         branch_starts = tuple(c.start for c in candidates if c.own)
-        self._pending = (tokens[: limit], first.kind, branch_starts)
+        self._pending = (tokens[: limit], match, branch_starts)
         return Draft(tokens, parents, match_len=first.match_len, source_start=first.start, acceptance=acceptance)
 
     def _candidates(self, wanted: int) -> list[_Candidate]:
@@ -177,7 +170,7 @@ class SpeculationSession:
         stream, length = self.index.tokens, self.index.length
         found: list[_Candidate] = []
         if self.config.copy_cursor and 0 <= self._cursor < length:
-            found.append(_Candidate(self._cursor_kind, self._cursor, self.config.max_n, stream))
+            found.append(_Candidate(self._cursor, self.config.max_n, stream))
             if wanted == 1:
                 return found
         recent = self.config.match == "recent"
@@ -190,15 +183,15 @@ class SpeculationSession:
         if self.config.fuzzy_resync and not found and longest < FUZZY_BELOW_N:
             start = self._realign()
             if start >= 0:
-                found.append(_Candidate(self._fuzzy_kind, start, 0, stream))
+                found.append(_Candidate(start, 0, stream))
         for n, earliest, latest in matches:
-            found.append(_Candidate(n, latest if recent else earliest, n, stream))
+            found.append(_Candidate(latest if recent else earliest, n, stream))
             if earliest != latest:
-                found.append(_Candidate(n, earliest if recent else latest, n, stream))
+                found.append(_Candidate(earliest if recent else latest, n, stream))
         if self._history is not None and not found:
             n, start = self._history.find(stream[max(0, length - self.config.max_n) : length])
             if n:
-                found.append(_Candidate(self._history_kind, start, n, self._history.tokens, own=False))
+                found.append(_Candidate(start, n, self._history.tokens, own=False))
         unique, seen = [], set()
         for c in found:
             if (c.own, c.start) not in seen:
@@ -273,12 +266,6 @@ class SpeculationSession:
                 best, best_key = c, key
         return best
 
-    def _acceptance(self, kind: int) -> float:
-        """Posterior mean acceptance for drafts of this kind (prior weighs 2 drafts)."""
-        weight = 2.0
-        accepted = self._accepted[kind] + weight * self.config.acceptance_prior
-        return float(accepted / (accepted + self._rejected[kind] + weight * (1 - self.config.acceptance_prior)))
-
     def _cost_table(self, max_tokens: int) -> np.ndarray:
         """costs[q], q = 0..max_tokens: a forward over q tokens at this request's context, by the
         cost model (as measured so far), else by the fixed curve."""
@@ -286,17 +273,18 @@ class SpeculationSession:
             return self._cost_model.table(self.index.length, max_tokens)
         return self._costs
 
-    def _best_length(self, kind: int, r: float, limit: int) -> int:
-        """Draft length in [0, limit] maximising expected emitted tokens per unit verify cost:
-        (1 + r + r^2 + ... + r^k) / cost(k + 1), where a plain step scores 1 / cost(1) = 1 (the
-        sizing rule for one row, :func:`ngramspec.sizing.draft_lengths`)."""
+    def _best_length(self, match: int, acceptance: np.ndarray) -> int:
+        """Draft length in [0, len(acceptance)] maximising expected emitted tokens per unit
+        verify cost, (1 + g_1 + ... + g_k) / cost(k + 1) with g_j the product of the first j
+        estimates, where a plain step scores 1 / cost(1) = 1 (the sizing rule for one row,
+        :func:`ngramspec.sizing.draft_lengths`)."""
+        limit = acceptance.shape[0]
         costs = self._cost_table(self.config.max_draft_tokens + 1)
-        lengths, best = draft_lengths(np.array([r]), np.array([limit], dtype=np.int64),
+        lengths, best = draft_lengths(acceptance[None, :], np.array([limit], dtype=np.int64),
                                       np.ascontiguousarray(costs[1 : limit + 2], dtype=np.float64), False)
         best_k = int(lengths[0])
-        if best_k == 0:  # not drafting: let old evidence fade so this kind is retried
-            self._accepted[kind] *= self.config.acceptance_memory
-            self._rejected[kind] *= self.config.acceptance_memory
+        if best_k == 0:  # not drafting: let old evidence fade so such drafts are retried
+            fade(self._evidence, self._pool, match, self.config.acceptance_memory)
         elif best < EXPLORE_BELOW and self._cost_model is not None and self._cost_model.needs_baseline(
                 self.index.length):
             return 0  # a plain step times the one-token forward here, so costs become measured
@@ -310,15 +298,13 @@ class SpeculationSession:
         branch_starts: tuple = ()
         if self._pending is not None:
             # Learn from the last draft: how many tokens of its first chain the target kept.
-            draft, kind, branch_starts = self._pending
+            draft, match, branch_starts = self._pending
             if verified is not None:
                 draft = draft[:verified]
                 if verified == 0:  # not verified at all: let old evidence fade, as sizing does
-                    self._accepted[kind] *= self.config.acceptance_memory
-                    self._rejected[kind] *= self.config.acceptance_memory
+                    fade(self._evidence, self._pool, match, self.config.acceptance_memory)
             kept = accepted_length(draft, None, tokens)
-            self._accepted[kind] += kept
-            self._rejected[kind] += kept < len(draft)
+            learn(self._evidence, self._pool, match, kept, len(draft))
             self._pending = None
         elif verified:
             raise ValueError("extend(verified=...) given, but no draft is pending.")
@@ -369,7 +355,9 @@ def batch_draft_length(drafts: list[Draft], cost=None, explore: bool = False) ->
     longest = int(limits.max(initial=0))
     if rows == 0 or longest == 0 or cost is None:  # cost None: no sizing, draft all there is
         return longest
-    acceptance = np.array([d.acceptance for d in drafts], dtype=np.float64)
+    acceptance = np.zeros((rows, longest))
+    for b, d in enumerate(drafts):
+        acceptance[b, : len(d)] = d.acceptance
     step_costs = np.array([cost(rows * (k + 1)) for k in range(longest + 1)], dtype=np.float64)
     lengths, value = draft_lengths(acceptance, limits, step_costs, True)
     if explore and value < EXPLORE_BELOW * rows:
@@ -401,8 +389,11 @@ class NgramSpeculator:
         # verify_cost=None: one cost model per speculator (a model on a device), shared by its
         # calls and refined by their forward timings.
         self.cost_model = OnlineCost() if config.verify_cost is None else None
+        # Acceptance evidence pooled over this speculator's requests (ngramspec.acceptance).
+        self.pool = new_evidence()
         warm_up()
         warm_up_sizing()
+        warm_up_acceptance()
 
     @classmethod
     def for_model(cls, model, max_age_days: float = 30.0, **settings) -> NgramSpeculator:
@@ -417,7 +408,8 @@ class NgramSpeculator:
         """Begin a request: index ``prompt_ids`` (1-D ints). ``capacity`` pre-sizes the index
         for the expected total length (prompt + new tokens); it grows on demand anyway.
         Call ``session.finish()`` at the end so the output joins the history (if enabled)."""
-        return SpeculationSession(self.config, prompt_ids, capacity, history=self.history, cost_model=self.cost_model)
+        return SpeculationSession(self.config, prompt_ids, capacity, history=self.history, cost_model=self.cost_model,
+                                  pool=self.pool)
 
     def __repr__(self) -> str:
         return f"NgramSpeculator({self.config})"

@@ -164,7 +164,7 @@ class RowSessions:
     def __init__(self, speculator: NgramSpeculator, max_idle: int = 64, max_idle_tokens: int = 1_000_000,
                  seed: int = 0):
         self.speculator = speculator
-        self.table = SessionTable(speculator.config, speculator.history)
+        self.table = SessionTable(speculator.config, speculator.history, pool=speculator.pool)
         self.max_idle, self.max_idle_tokens = max_idle, max_idle_tokens
         self.idle_tokens = 0
         self.rows = np.zeros(0, dtype=np.int64)  # row index -> its slot in the last step (-1: none)
@@ -350,6 +350,7 @@ class Proposer:
         """Compile (or load from Numba's cache) every kernel a step calls, on a scratch row and
         scratch sessions, so that no engine step pays the JIT: a new row, then the same row."""
         saved = dict(vars(self))  # every attribute as it is: the scratch steps leave no trace
+        pool = self.speculator.pool.copy()  # nor any evidence in the speculator's pool
         try:
             self.sessions, self.cost = RowSessions(self.speculator), OnlineCost(prior=self.step_cost)
             row = np.tile(np.arange(HEAD, dtype=np.int32), 4)[None, :]
@@ -360,6 +361,7 @@ class Proposer:
         finally:
             vars(self).clear()
             vars(self).update(saved)
+            self.speculator.pool[...] = pool
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: drafts come from the requests' own text."""
@@ -446,14 +448,14 @@ class Proposer:
         stamp = sessions.steps + 1 if check else sessions.steps  # RowSessions.step has stamped the others
         return propose_rows(
             token_ids, ends, sampled, sessions.rows, expected if self.usual_step or not check else -1, check, stamp,
-            table.streams, table.tables, table.state, table.evidence, table.pending, history, history_slots,
+            table.streams, table.tables, table.state, table.evidence, table.pool, table.pending, history, history_slots,
             history_length, self._settings, self._rates, step_costs, self._work, self._drafts, self._acceptance,
             self._kept)
 
     def _allocate(self, rows: int) -> None:
         self._work = np.zeros((4, rows), dtype=np.int64)  # ROWS, SLOTS, LIMITS, LENGTHS (sized)
         self._drafts = np.zeros((rows, self.sessions.table.pending.shape[1]), dtype=np.int32)  # unsized
-        self._acceptance = np.zeros(rows)
+        self._acceptance = np.zeros(self._drafts.shape)  # each unsized draft position's estimate
         self._kept = np.zeros(rows * self._drafts.shape[1], dtype=np.int32)  # every sized draft, in row order
 
 
@@ -462,8 +464,8 @@ ROWS, SLOTS, LIMITS, LENGTHS = range(4)  # rows of propose_rows' work array
 
 @njit(cache=True)
 def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, streams, tables, state, evidence,
-                 pending, history, history_slots, history_length, settings, rates, step_costs, work, drafts, acceptance,
-                 kept):
+                 pool, pending, history, history_slots, history_length, settings, rates, step_costs, work, drafts,
+                 acceptance, kept):
     """One engine step's drafting, all rows in one call. Returns (live, matched, continued,
     context): the decoding rows (``rows[:live]``), whether every one held its slot, how many
     of those slots ran in the step before, and the rows' mean length.
@@ -479,7 +481,7 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     ``stamp`` marks the slots' STAMP. settings (int64): min_n, max_n, recent, copy_cursor,
     fuzzy, payoff, max_draft, max_model_len; rates: the acceptance prior and memory. Out:
     work (4, >= A) int64: the rows, their slots, limits and sized draft lengths; acceptance
-    (A,) and drafts (A, K), unsized; kept: the sized drafts one after another, in row order."""
+    (A, K) and drafts (A, K), unsized; kept: the sized drafts one after another, in row order."""
     rows, slots, limits, lengths = work[ROWS], work[SLOTS], work[LIMITS], work[LENGTHS]
     min_n, max_n, max_draft, max_model_len = settings[0], settings[1], settings[6], settings[7]
     recent, copy_cursor, fuzzy, payoff = settings[2] != 0, settings[3] != 0, settings[4] != 0, settings[5] != 0
@@ -512,8 +514,8 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     for r in range(live):
         limits[r] = max(min(max_draft, max_model_len - row_ends[r] - 1, drafts.shape[1]), 0)
     draft_rows(token_ids, rows[:live], row_ends, slots[:live], limits[:live], streams, tables, state, evidence,
-               pending, history, history_slots, history_length, min_n, max_n, recent, copy_cursor, fuzzy, rates[0],
-               rates[1], drafts, lengths, acceptance)
+               pool, pending, history, history_slots, history_length, min_n, max_n, recent, copy_cursor, fuzzy,
+               rates[0], rates[1], drafts, lengths, acceptance)
     # 4. One length per row, for all rows together (the step's total token count).
     if payoff and lengths[:live].sum() >= step_costs.shape[0]:
         raise ValueError("step_costs must price every total the drafts could add")

@@ -192,7 +192,7 @@ def test_prefix_constrained_rows_get_their_own_batch_index(tiny_model):
 
 def test_batch_draft_length_rule():
     def draft(k, r):
-        return Draft(np.arange(k, dtype=np.int32), acceptance=r)
+        return Draft(np.arange(k, dtype=np.int32), acceptance=np.full(k, r))
 
     flat = lambda n: 1.0  # noqa: E731  verifying costs nothing extra: draft everything
     assert batch_draft_length([draft(3, 0.5), draft(7, 0.1)], flat) == 7

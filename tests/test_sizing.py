@@ -11,33 +11,48 @@ from hypothesis import strategies as st
 from ngramspec.sizing import _by_gain, candidates_reference, draft_lengths, draft_lengths_reference
 
 
+def constant(rates, width):
+    """Each row's acceptance the same at every position: (rows, width)."""
+    return np.repeat(np.asarray(rates, dtype=np.float64)[:, None], width, axis=1)
+
+
 def flattened_costs(rows, limits, cost):
     return np.array([cost(rows + m) for m in range(int(sum(limits)) + 1)], dtype=np.float64)
 
 
 def test_worked_example_in_the_docstring():
     cost = lambda n: 1 + 0.1 * (n - 1)
-    lengths, value = draft_lengths(np.array([0.9, 0.5]), np.array([3, 2]), flattened_costs(2, [3, 2], cost), False)
+    lengths, value = draft_lengths(constant([0.9, 0.5], 3), np.array([3, 2]), flattened_costs(2, [3, 2], cost), False)
     assert lengths.tolist() == [3, 1] and value == pytest.approx((2 + 0.9 + 0.81 + 0.729 + 0.5) / cost(6))
 
 
 def test_a_busy_step_drafts_nothing_when_positions_cost_a_full_token():
-    lengths, _ = draft_lengths(np.array([0.6, 0.7, 0.5]), np.array([5, 5, 5]),
+    lengths, _ = draft_lengths(constant([0.6, 0.7, 0.5], 5), np.array([5, 5, 5]),
                                flattened_costs(3, [5, 5, 5], lambda n: 1.0 * n), False)
     assert lengths.tolist() == [0, 0, 0]
 
 
 def test_padded_rows_share_one_length_cut_to_each_draft():
     costs = np.array([1.0, 1.1, 1.2, 1.3, 1.4])  # K = 0..4 per row, cheap positions
-    lengths, _ = draft_lengths(np.array([0.9, 0.9, 0.1]), np.array([4, 2, 0]), costs, True)
+    lengths, _ = draft_lengths(constant([0.9, 0.9, 0.1], 4), np.array([4, 2, 0]), costs, True)
     assert lengths.tolist() == [4, 2, 0]
-    lengths, _ = draft_lengths(np.array([0.2, 0.2]), np.array([4, 4]), np.array([1.0, 2.0, 3.0, 4.0, 5.0]), True)
+    lengths, _ = draft_lengths(constant([0.2, 0.2], 4), np.array([4, 4]), np.array([1.0, 2.0, 3.0, 4.0, 5.0]), True)
     assert lengths.tolist() == [0, 0]  # every position costs a full forward: plain step
+
+
+def test_a_later_position_more_likely_than_the_first_is_worth_drafting_through():
+    """Per-position estimates: a weak first token followed by a sure copy pays as a whole
+    ((1 + 0.3 + 0.297 + 0.294) / 1.6 = 1.18 tokens per unit cost) where a constant estimate of
+    0.3 drafts nothing (at most 1.42 / 1.6)."""
+    costs = np.array([1.0, 1.6, 1.6, 1.6])  # a fixed price for verifying at all, as on a CPU
+    assert draft_lengths(np.array([[0.3, 0.99, 0.99]]), np.array([3]), costs, False)[0].tolist() == [3]
+    assert draft_lengths(constant([0.3], 3), np.array([3]), costs, False)[0].tolist() == [0]
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.floats(0.01, 0.99), st.integers(0, 3)), min_size=1, max_size=3),
+    st.lists(st.tuples(st.lists(st.floats(0.01, 0.99), min_size=3, max_size=3), st.integers(0, 3)),
+             min_size=1, max_size=3),
     st.floats(0.0, 1.2),
     st.booleans(),
 )
@@ -48,7 +63,7 @@ def test_lengths_are_optimal_against_brute_force(rows, slope, padded):
     n = len(rows)
 
     def value(lengths):
-        expected = sum(sum(r**j for j in range(k + 1)) for r, k in zip(acceptance, lengths))
+        expected = sum(sum(np.prod(r[:j]) for j in range(k + 1)) for r, k in zip(acceptance, lengths))
         return expected / (cost(n * (max(lengths) + 1)) if padded else cost(n + sum(lengths)))
 
     if padded:
@@ -65,12 +80,13 @@ def test_lengths_are_optimal_against_brute_force(rows, slope, padded):
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(0, 6)), min_size=0, max_size=6),
+    st.lists(st.tuples(st.lists(st.floats(0.0, 1.0), min_size=6, max_size=6), st.integers(0, 6)),
+             min_size=0, max_size=6),
     st.lists(st.floats(0.2, 5.0), min_size=37, max_size=37),
     st.booleans(),
 )
 def test_kernel_matches_its_reference(rows, costs, padded):
-    acceptance = np.array([r for r, _ in rows], dtype=np.float64)
+    acceptance = np.array([r for r, _ in rows], dtype=np.float64).reshape(len(rows), 6)
     limits = np.array([k for _, k in rows], dtype=np.int64)
     step_costs = np.array(costs, dtype=np.float64)
     got, got_value = draft_lengths(acceptance, limits, step_costs, padded)

@@ -1,0 +1,117 @@
+"""The per-position acceptance estimate (ngramspec.acceptance): its kernels pinned to their
+plain-Python references, its worked example, and what it must learn."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ngramspec import NgramSpeculator
+from ngramspec.acceptance import (
+    BUCKETS,
+    MATCH_CAP,
+    POOL_WINDOW,
+    bucket,
+    bucket_reference,
+    fade,
+    learn,
+    learn_reference,
+    match_length,
+    match_length_reference,
+    new_evidence,
+    position_acceptance,
+    position_acceptance_reference,
+)
+
+counts = st.lists(st.floats(0.0, 5000.0), min_size=2 * BUCKETS, max_size=2 * BUCKETS).map(
+    lambda c: np.array(c).reshape(2, BUCKETS))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10_000))
+def test_bucket_matches_its_reference(match):
+    assert bucket(match) == bucket_reference(match)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=2, max_size=150), st.data())
+def test_match_length_matches_its_reference(tokens, data):
+    stream = np.array(tokens, dtype=np.int32)
+    length = data.draw(st.integers(1, len(tokens)))
+    start = data.draw(st.integers(0, length - 1))
+    assert match_length(stream, length, start) == match_length_reference(stream, length, start)
+
+
+def test_match_length_stops_at_the_cap_and_at_the_first_difference():
+    stream = np.array([1] * 200, dtype=np.int32)
+    assert match_length(stream, 200, 150) == MATCH_CAP
+    stream = np.array([9, 4, 5, 6, 7, 3, 4, 5, 6, 7], dtype=np.int32)
+    assert match_length(stream, 10, 5) == 4  # "4 5 6 7" before position 5 and at the end
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts, counts, st.floats(0.01, 0.99), st.integers(0, 200), st.integers(0, 40))
+def test_position_acceptance_matches_its_reference(own, pool, prior, match, k):
+    out = np.zeros(k)
+    position_acceptance(own, pool, prior, match, out)
+    assert out.tolist() == pytest.approx(position_acceptance_reference(own, pool, prior, match, k), rel=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts, counts, st.integers(0, 200), st.integers(0, 30), st.integers(0, 30))
+def test_learn_matches_its_reference(own, pool, match, kept, extra):
+    own_ref, pool_ref = own.copy(), pool.copy()
+    learn(own, pool, match, kept, kept + extra)
+    learn_reference(own_ref, pool_ref, match, kept, kept + extra)
+    assert own.tolist() == own_ref.tolist() and pool.tolist() == pool_ref.tolist()
+
+
+def test_the_worked_example_from_the_docstring():
+    own, pool = new_evidence(), new_evidence()
+    pool[:, 1] = (1, 3)
+    pool[:, 2] = (6, 2)
+    out = np.zeros(3)
+    position_acceptance(own, pool, 0.5, 1, out)
+    assert out.tolist() == pytest.approx([2 / 6, 0.7, 0.7])
+
+
+def test_a_long_match_is_trusted_further_than_a_short_one():
+    """After drafts from 1-token matches broke at their first token while copies through long
+    matches held, a new request (only the pool) estimates a 1-token match's first position
+    low, and each position along it higher as the match it continues grows."""
+    own, pool = new_evidence(), new_evidence()
+    for _ in range(30):
+        learn(own, pool, 1, 0, 4)  # a 1-token match, refused at once
+        learn(own, pool, 2, 6, 8)  # a 2-token match, kept for 6 positions, then refused
+        learn(own, pool, 40, 8, 8)  # a long copy, all kept
+    out = np.zeros(6)
+    position_acceptance(new_evidence(), pool, 0.5, 1, out)
+    assert out[0] < 0.1 and out[1] > 0.6 and out[3] > out[1] and out[5] > 0.8
+    long = np.zeros(1)
+    position_acceptance(new_evidence(), pool, 0.5, 40, long)
+    assert long[0] > 0.95
+
+
+def test_the_pool_forgets_past_its_window_and_a_declined_bucket_fades_back_to_the_prior():
+    own, pool = new_evidence(), new_evidence()
+    for _ in range(int(POOL_WINDOW) + 10):
+        learn(own, pool, 1, 0, 1)
+    assert pool[:, 1].sum() <= POOL_WINDOW  # halved: a workload that changes is followed
+    for _ in range(200):
+        fade(own, pool, 1, 0.9)
+    out = np.zeros(1)
+    position_acceptance(own, pool, 0.5, 1, out)
+    assert out[0] == pytest.approx(0.5, abs=0.01)
+
+
+def test_requests_of_one_speculator_share_the_pool():
+    """What one request learned, the next one starts from; another speculator does not."""
+    spec = NgramSpeculator(min_n=1, max_n=2, copy_cursor=False, fuzzy_resync=False, payoff_sizing=False)
+    text = np.array([1, 2, 3, 4, 1, 2], dtype=np.int32)
+    first = spec.start(text)
+    draft = first.propose(max_tokens=2)
+    assert draft.tokens.tolist() == [3, 4] and draft.acceptance.tolist() == [0.5, 0.5]
+    first.extend([7])  # refused at its first position
+    second = spec.start(text)
+    assert second.propose(max_tokens=2).acceptance[0] < 0.5
+    assert NgramSpeculator(spec.config).start(text).propose(max_tokens=2).acceptance[0] == 0.5
