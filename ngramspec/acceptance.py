@@ -11,6 +11,8 @@ model (unsized drafts of up to 16 tokens), acceptance of a reached position by b
 ``match + j``: 1: 0.24, 2-3: 0.59, 4-7: 0.78, 8-15: 0.88, 16-31: 0.95, 32-63: 0.98, 64+: 0.997,
 where the one rate per match kind it replaces said 0.47 for the whole of a 1-token match's draft.
 
+Copies from the request's own text and from the shared history of earlier outputs (``source``
+OWN or HISTORY) keep separate buckets: a history copy after the same match is another bet.
 Evidence is counted twice, as (accepted, rejected) positions per bucket: per request, and
 pooled over every request of a speculator (so a new request starts from what the model does on
 this workload, not from a constant). Request evidence outweighs the pool once the request has
@@ -18,9 +20,9 @@ shown REQUEST_WEIGHT positions of that bucket; the pool starts from ``prior`` wi
 of POOL_PRIOR_WEIGHT positions and halves its counts past POOL_WINDOW, so it follows a
 workload that changes.
 
-Worked example (prior 0.5, no request evidence): pool bucket 1 (match 1) holds 1 accepted, 3
-rejected -> (1 + 1) / (4 + 2) = 0.33; bucket 2 (match 2-3) holds 6 accepted, 2 rejected ->
-(6 + 1) / (8 + 2) = 0.7; a draft after a 1-token match is estimated (0.33, 0.7, 0.7, ...).
+Worked example (prior 0.5, no request evidence, own text): pool bucket 1 (match 1) holds 1
+accepted, 3 rejected -> (1 + 1) / (4 + 2) = 0.33; bucket 2 (match 2-3) holds 6 accepted, 2
+rejected -> (6 + 1) / (8 + 2) = 0.7; a draft after a 1-token match is estimated (0.33, 0.7, 0.7, ...).
 
 Each kernel has a plain-Python reference below it; ``tests/test_acceptance.py`` pins them.
 """
@@ -31,6 +33,7 @@ import numpy as np
 from numba import njit
 
 BUCKETS = 8  # match lengths 0, 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+
+OWN, HISTORY = 0, 1  # where a draft is copied from: evidence columns source * BUCKETS + bucket
 MATCH_CAP = 64  # longest match measured: constant work per draft, whatever the context
 REQUEST_WEIGHT = 4.0
 POOL_PRIOR_WEIGHT = 2.0
@@ -69,31 +72,33 @@ def match_length_reference(stream: np.ndarray, length: int, start: int) -> int:
 
 
 @njit(cache=True)
-def position_acceptance(own, pool, prior, match, out):
-    """Fill ``out`` (k,) float64 with the estimate for drafted positions 0..k-1 of a copy that
-    continues a ``match``-token match. own, pool: (2, BUCKETS) float64 (accepted, rejected)."""
+def position_acceptance(own, pool, prior, source, match, out):
+    """Fill ``out`` (k,) float64 with the estimate for drafted positions 0..k-1 of a copy from
+    ``source`` that continues a ``match``-token match. own, pool: (2, 2 * BUCKETS) float64
+    (accepted, rejected)."""
     for j in range(out.shape[0]):
-        b = bucket(match + j)
+        b = source * BUCKETS + bucket(match + j)
         pooled = (pool[0, b] + POOL_PRIOR_WEIGHT * prior) / (pool[0, b] + pool[1, b] + POOL_PRIOR_WEIGHT)
         out[j] = (own[0, b] + REQUEST_WEIGHT * pooled) / (own[0, b] + own[1, b] + REQUEST_WEIGHT)
 
 
-def position_acceptance_reference(own, pool, prior: float, match: int, k: int) -> list[float]:
+def position_acceptance_reference(own, pool, prior: float, source: int, match: int, k: int) -> list[float]:
     estimates = []
     for j in range(k):
-        b = bucket_reference(match + j)
+        b = source * BUCKETS + bucket_reference(match + j)
         pooled = (pool[0][b] + POOL_PRIOR_WEIGHT * prior) / (pool[0][b] + pool[1][b] + POOL_PRIOR_WEIGHT)
         estimates.append((own[0][b] + REQUEST_WEIGHT * pooled) / (own[0][b] + own[1][b] + REQUEST_WEIGHT))
     return estimates
 
 
 @njit(cache=True)
-def learn(own, pool, match, kept, verified):
-    """A draft continuing a ``match``-token match had ``verified`` positions checked and the
-    target kept the first ``kept``: each kept position counts as accepted in its bucket, the
-    first refused one (if any) as rejected; into the request's and the pool's evidence."""
+def learn(own, pool, source, match, kept, verified):
+    """A draft from ``source`` continuing a ``match``-token match had ``verified`` positions
+    checked and the target kept the first ``kept``: each kept position counts as accepted in
+    its bucket, the first refused one (if any) as rejected; into the request's and the pool's
+    evidence."""
     for j in range(kept + (kept < verified)):
-        b = bucket(match + j)
+        b = source * BUCKETS + bucket(match + j)
         refused = 1 if j == kept else 0
         own[refused, b] += 1.0
         pool[refused, b] += 1.0
@@ -102,11 +107,11 @@ def learn(own, pool, match, kept, verified):
             pool[1, b] *= 0.5
 
 
-def learn_reference(own, pool, match: int, kept: int, verified: int) -> None:
+def learn_reference(own, pool, source: int, match: int, kept: int, verified: int) -> None:
     for j in range(kept):
-        _count(own, pool, bucket_reference(match + j), 0)
+        _count(own, pool, source * BUCKETS + bucket_reference(match + j), 0)
     if kept < verified:
-        _count(own, pool, bucket_reference(match + kept), 1)
+        _count(own, pool, source * BUCKETS + bucket_reference(match + kept), 1)
 
 
 def _count(own, pool, b: int, refused: int) -> None:
@@ -118,12 +123,12 @@ def _count(own, pool, b: int, refused: int) -> None:
 
 
 @njit(cache=True)
-def fade(own, pool, match, memory):
+def fade(own, pool, source, match, memory):
     """A draft after a ``match``-token match was declined or not verified, so its first
     position taught nothing: the evidence for that position's bucket fades by ``memory``, the
     request's and the pool's, so drafts that once failed are retried (a declined bucket gets no
     new evidence otherwise, and its estimate would never heal)."""
-    b = bucket(match)
+    b = source * BUCKETS + bucket(match)
     own[0, b] *= memory
     own[1, b] *= memory
     pool[0, b] *= memory
@@ -131,8 +136,8 @@ def fade(own, pool, match, memory):
 
 
 def new_evidence() -> np.ndarray:
-    """Empty (accepted, rejected) counts per bucket: (2, BUCKETS) float64."""
-    return np.zeros((2, BUCKETS))
+    """Empty (accepted, rejected) counts per source and bucket: (2, 2 * BUCKETS) float64."""
+    return np.zeros((2, 2 * BUCKETS))
 
 
 def warm_up() -> None:
@@ -140,6 +145,6 @@ def warm_up() -> None:
     own, pool = new_evidence(), new_evidence()
     stream = np.zeros(4, dtype=np.int32)
     match = match_length(stream, 4, 2)
-    position_acceptance(own, pool, 0.5, match, np.zeros(2))
-    learn(own, pool, match, 1, 2)
-    fade(own, pool, match, 0.9)
+    position_acceptance(own, pool, 0.5, OWN, match, np.zeros(2))
+    learn(own, pool, OWN, match, 1, 2)
+    fade(own, pool, OWN, match, 0.9)

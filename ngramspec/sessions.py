@@ -26,18 +26,19 @@ import numpy as np
 from numba import njit, types
 from numba.typed import List
 
-from .acceptance import fade, learn, match_length, new_evidence, position_acceptance
+from .acceptance import HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
 from .history import SEPARATOR
 from .index import index_extend, index_find
 from .speculator import FUZZY_AHEAD, FUZZY_BELOW_N, FUZZY_CONTEXT, FUZZY_WINDOW
 
 # Columns of ``state`` (int64, one row per slot).
 # VERIFIED: how many tokens of its draft the next step verifies; ACTIVE: it ran in the step
-# that just finished; STAMP: the caller's mark of the step it last ran in.
+# that just finished; STAMP: the caller's mark of the step it last ran in; PENDING_SOURCE: the
+# pending draft's source (acceptance.OWN or HISTORY).
 LENGTH, USED, PROMPT, CURSOR, LOST_AT, LOST_SOURCE, PENDING_LEN, PENDING_MATCH, PENDING_START, VERIFIED, \
-    ACTIVE, FINISHED, STAMP = range(13)
-COLUMNS = 13
-FRESH = np.array([0, 0, 0, -1, -1, -1, 0, 0, -1, 0, 0, 0, -1], dtype=np.int64)  # a new slot's state row
+    ACTIVE, FINISHED, STAMP, PENDING_SOURCE = range(14)
+COLUMNS = 14
+FRESH = np.array([0, 0, 0, -1, -1, -1, 0, 0, -1, 0, 0, 0, -1, 0], dtype=np.int64)  # a new slot's state row
 
 
 @njit(cache=True)
@@ -82,15 +83,15 @@ def _extend(s, new, streams, tables, state, evidence, pool, pending, min_n, max_
     count = new.shape[0]
     branch = -1
     if state[s, PENDING_LEN] > 0:  # learn how much of the last draft the target kept
-        match = state[s, PENDING_MATCH]
+        source, match = state[s, PENDING_SOURCE], state[s, PENDING_MATCH]
         verified = state[s, VERIFIED] if state[s, ACTIVE] else 0
         drafted = min(state[s, PENDING_LEN], verified)
         if verified == 0:
-            fade(evidence[s], pool, match, memory)
+            fade(evidence[s], pool, source, match, memory)
         kept = 0
         while kept < min(drafted, count) and pending[s, kept] == new[kept]:
             kept += 1
-        learn(evidence[s], pool, match, kept, drafted)
+        learn(evidence[s], pool, source, match, kept, drafted)
         branch = state[s, PENDING_START]
         state[s, PENDING_LEN] = 0
     old = state[s, LENGTH]
@@ -157,10 +158,11 @@ def _propose(s, limit, streams, tables, state, evidence, pool, pending, history,
             drafted += 1
     if own:
         match = match_length(stream, length, start)
-    position_acceptance(evidence[s], pool, prior, match, estimates[:drafted])
+    source = OWN if own else HISTORY
+    position_acceptance(evidence[s], pool, prior, source, match, estimates[:drafted])
     pending[s, :drafted] = out[:drafted]
     state[s, PENDING_LEN] = drafted
-    state[s, PENDING_MATCH] = match
+    state[s, PENDING_SOURCE], state[s, PENDING_MATCH] = source, match
     state[s, PENDING_START] = start if own else -1
     return drafted
 
@@ -176,7 +178,7 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
 
     token_ids (R, L) int32: every row's text, as vLLM keeps it; rows, ends, slots, limits (A,)
     int64; drafts (A, >= limits.max()) int32, lengths (A,) int64, acceptance (A, >= limits.max())
-    float64; evidence (slots, 2, BUCKETS), pool (2, BUCKETS) float64."""
+    float64; evidence (slots, 2, 2 * BUCKETS), pool (2, 2 * BUCKETS) float64."""
     for r in range(rows.shape[0]):
         s = slots[r]
         seen = state[s, LENGTH]
@@ -194,7 +196,7 @@ class SessionTable:
 
     def __init__(self, config, history=None, slots: int = 16, pool=None):
         self.config, self.history = config, history
-        self.pool = new_evidence() if pool is None else pool  # (2, BUCKETS), shared by every slot
+        self.pool = new_evidence() if pool is None else pool  # (2, 2 * BUCKETS), shared by every slot
         self.streams = List.empty_list(types.int32[::1])
         self.tables = List.empty_list(types.uint64[::1])
         self.state = np.zeros((0, COLUMNS), dtype=np.int64)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from .acceptance import fade, learn, match_length, new_evidence, position_acceptance
+from .acceptance import HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
 from .acceptance import warm_up as warm_up_acceptance
 from .config import SpeculatorConfig
 from .costmodel import OnlineCost
@@ -120,7 +120,7 @@ class SpeculationSession:
         self._cost_model = cost_model  # an OnlineCost: costs at this request's context, as measured
         self._evidence = new_evidence()
         self._pool = new_evidence() if pool is None else pool
-        self._pending = None  # (primary chain tokens, the match it continues, own-stream branch starts)
+        self._pending = None  # (chain tokens, their source and the match they continue, own-stream branch starts)
         self._cursor = -1  # stream position of the token expected next while copying, or -1
         self._lost = (-1, -1)  # (stream length, source position) where the last copy broke
         self._finished = False
@@ -150,10 +150,11 @@ class SpeculationSession:
         first = candidates[0]
         tokens = self._continuation(first, limit)
         match = match_length(self.index.tokens, self.index.length, first.start) if first.own else first.match_len
+        source = OWN if first.own else HISTORY
         acceptance = np.zeros(len(tokens))
-        position_acceptance(self._evidence, self._pool, self.config.acceptance_prior, match, acceptance)
+        position_acceptance(self._evidence, self._pool, self.config.acceptance_prior, source, match, acceptance)
         if sized and self.config.payoff_sizing:
-            limit = self._best_length(match, acceptance)
+            limit = self._best_length(source, match, acceptance)
         if limit <= 0:  # a match, but drafting would not pay: a plain step ("declined")
             return Draft(_NO_TOKENS, match_len=first.match_len, source_start=first.start)
         tokens, acceptance = tokens[:limit], acceptance[:limit]
@@ -161,7 +162,7 @@ class SpeculationSession:
         if len(candidates) > 1:
             tokens, parents = self._tree(tokens, candidates[1:], limit)
         branch_starts = tuple(c.start for c in candidates if c.own)
-        self._pending = (tokens[: limit], match, branch_starts)
+        self._pending = (tokens[: limit], source, match, branch_starts)
         return Draft(tokens, parents, match_len=first.match_len, source_start=first.start, acceptance=acceptance)
 
     def _candidates(self, wanted: int) -> list[_Candidate]:
@@ -273,7 +274,7 @@ class SpeculationSession:
             return self._cost_model.table(self.index.length, max_tokens)
         return self._costs
 
-    def _best_length(self, match: int, acceptance: np.ndarray) -> int:
+    def _best_length(self, source: int, match: int, acceptance: np.ndarray) -> int:
         """Draft length in [0, len(acceptance)] maximising expected emitted tokens per unit
         verify cost, (1 + g_1 + ... + g_k) / cost(k + 1) with g_j the product of the first j
         estimates, where a plain step scores 1 / cost(1) = 1 (the sizing rule for one row,
@@ -284,7 +285,7 @@ class SpeculationSession:
                                       np.ascontiguousarray(costs[1 : limit + 2], dtype=np.float64), False)
         best_k = int(lengths[0])
         if best_k == 0:  # not drafting: let old evidence fade so such drafts are retried
-            fade(self._evidence, self._pool, match, self.config.acceptance_memory)
+            fade(self._evidence, self._pool, source, match, self.config.acceptance_memory)
         elif best < EXPLORE_BELOW and self._cost_model is not None and self._cost_model.needs_baseline(
                 self.index.length):
             return 0  # a plain step times the one-token forward here, so costs become measured
@@ -298,13 +299,13 @@ class SpeculationSession:
         branch_starts: tuple = ()
         if self._pending is not None:
             # Learn from the last draft: how many tokens of its first chain the target kept.
-            draft, match, branch_starts = self._pending
+            draft, source, match, branch_starts = self._pending
             if verified is not None:
                 draft = draft[:verified]
                 if verified == 0:  # not verified at all: let old evidence fade, as sizing does
-                    fade(self._evidence, self._pool, match, self.config.acceptance_memory)
+                    fade(self._evidence, self._pool, source, match, self.config.acceptance_memory)
             kept = accepted_length(draft, None, tokens)
-            learn(self._evidence, self._pool, match, kept, len(draft))
+            learn(self._evidence, self._pool, source, match, kept, len(draft))
             self._pending = None
         elif verified:
             raise ValueError("extend(verified=...) given, but no draft is pending.")

@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from ngramspec import NgramSpeculator
 from ngramspec.acceptance import (
     BUCKETS,
+    HISTORY,
     MATCH_CAP,
+    OWN,
     POOL_WINDOW,
     bucket,
     bucket_reference,
@@ -23,8 +25,9 @@ from ngramspec.acceptance import (
     position_acceptance_reference,
 )
 
-counts = st.lists(st.floats(0.0, 5000.0), min_size=2 * BUCKETS, max_size=2 * BUCKETS).map(
-    lambda c: np.array(c).reshape(2, BUCKETS))
+counts = st.lists(st.floats(0.0, 5000.0), min_size=4 * BUCKETS, max_size=4 * BUCKETS).map(
+    lambda c: np.array(c).reshape(2, 2 * BUCKETS))
+sources = st.sampled_from([OWN, HISTORY])
 
 
 @settings(max_examples=200, deadline=None)
@@ -50,19 +53,20 @@ def test_match_length_stops_at_the_cap_and_at_the_first_difference():
 
 
 @settings(max_examples=300, deadline=None)
-@given(counts, counts, st.floats(0.01, 0.99), st.integers(0, 200), st.integers(0, 40))
-def test_position_acceptance_matches_its_reference(own, pool, prior, match, k):
+@given(counts, counts, st.floats(0.01, 0.99), sources, st.integers(0, 200), st.integers(0, 40))
+def test_position_acceptance_matches_its_reference(own, pool, prior, source, match, k):
     out = np.zeros(k)
-    position_acceptance(own, pool, prior, match, out)
-    assert out.tolist() == pytest.approx(position_acceptance_reference(own, pool, prior, match, k), rel=1e-12)
+    position_acceptance(own, pool, prior, source, match, out)
+    want = position_acceptance_reference(own, pool, prior, source, match, k)
+    assert out.tolist() == pytest.approx(want, rel=1e-12)
 
 
 @settings(max_examples=300, deadline=None)
-@given(counts, counts, st.integers(0, 200), st.integers(0, 30), st.integers(0, 30))
-def test_learn_matches_its_reference(own, pool, match, kept, extra):
+@given(counts, counts, sources, st.integers(0, 200), st.integers(0, 30), st.integers(0, 30))
+def test_learn_matches_its_reference(own, pool, source, match, kept, extra):
     own_ref, pool_ref = own.copy(), pool.copy()
-    learn(own, pool, match, kept, kept + extra)
-    learn_reference(own_ref, pool_ref, match, kept, kept + extra)
+    learn(own, pool, source, match, kept, kept + extra)
+    learn_reference(own_ref, pool_ref, source, match, kept, kept + extra)
     assert own.tolist() == own_ref.tolist() and pool.tolist() == pool_ref.tolist()
 
 
@@ -71,8 +75,10 @@ def test_the_worked_example_from_the_docstring():
     pool[:, 1] = (1, 3)
     pool[:, 2] = (6, 2)
     out = np.zeros(3)
-    position_acceptance(own, pool, 0.5, 1, out)
+    position_acceptance(own, pool, 0.5, OWN, 1, out)
     assert out.tolist() == pytest.approx([2 / 6, 0.7, 0.7])
+    position_acceptance(own, pool, 0.5, HISTORY, 1, out)
+    assert out.tolist() == [0.5] * 3  # history copies keep their own evidence
 
 
 def test_a_long_match_is_trusted_further_than_a_short_one():
@@ -81,26 +87,26 @@ def test_a_long_match_is_trusted_further_than_a_short_one():
     low, and each position along it higher as the match it continues grows."""
     own, pool = new_evidence(), new_evidence()
     for _ in range(30):
-        learn(own, pool, 1, 0, 4)  # a 1-token match, refused at once
-        learn(own, pool, 2, 6, 8)  # a 2-token match, kept for 6 positions, then refused
-        learn(own, pool, 40, 8, 8)  # a long copy, all kept
+        learn(own, pool, OWN, 1, 0, 4)  # a 1-token match, refused at once
+        learn(own, pool, OWN, 2, 6, 8)  # a 2-token match, kept for 6 positions, then refused
+        learn(own, pool, OWN, 40, 8, 8)  # a long copy, all kept
     out = np.zeros(6)
-    position_acceptance(new_evidence(), pool, 0.5, 1, out)
+    position_acceptance(new_evidence(), pool, 0.5, OWN, 1, out)
     assert out[0] < 0.1 and out[1] > 0.6 and out[3] > out[1] and out[5] > 0.8
     long = np.zeros(1)
-    position_acceptance(new_evidence(), pool, 0.5, 40, long)
+    position_acceptance(new_evidence(), pool, 0.5, OWN, 40, long)
     assert long[0] > 0.95
 
 
 def test_the_pool_forgets_past_its_window_and_a_declined_bucket_fades_back_to_the_prior():
     own, pool = new_evidence(), new_evidence()
     for _ in range(int(POOL_WINDOW) + 10):
-        learn(own, pool, 1, 0, 1)
+        learn(own, pool, OWN, 1, 0, 1)
     assert pool[:, 1].sum() <= POOL_WINDOW  # halved: a workload that changes is followed
     for _ in range(200):
-        fade(own, pool, 1, 0.9)
+        fade(own, pool, OWN, 1, 0.9)
     out = np.zeros(1)
-    position_acceptance(own, pool, 0.5, 1, out)
+    position_acceptance(own, pool, 0.5, OWN, 1, out)
     assert out[0] == pytest.approx(0.5, abs=0.01)
 
 

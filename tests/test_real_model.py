@@ -20,6 +20,7 @@ import torch
 
 import tasks
 from ngramspec import NgramSpeculator, load_model
+from ngramspec.costs import DEFAULT_CPU_CURVE
 
 from conftest import plain_generate
 
@@ -110,9 +111,11 @@ def assert_identical(model, prompt, plain, ours, what):
 @pytest.mark.parametrize("name", [name for name in ITEMS if name != LONG_ITEM])
 def test_greedy_identical_on_shared_items(default_model, name):
     """Every item of the set (one test per set, so parallel workers share them out), with
-    drafts accepted in the set: the items exercise verification, not only plain steps."""
+    drafts accepted in the set: the items exercise verification, not only plain steps. Drafts
+    are sized by the fixed CPU curve, not by timings: a machine busy with other tests would
+    decline drafts on these short outputs and leave verification unexercised."""
     model, tokenizer = default_model
-    spec = NgramSpeculator()
+    spec = NgramSpeculator(verify_cost=DEFAULT_CPU_CURVE.points)
     accepted = 0
     for index in range(ITEMS[name]):
         prompt = item_prompt(tokenizer, name, index)
