@@ -80,7 +80,7 @@ def _main(argv=None) -> int:
     p_replay.add_argument("--methods", default="hf-rule,vllm-rule,ngramspec",
                           help="comma-separated drafters: hf-rule (transformers' prompt lookup: n=2..1, left-most, "
                                "10 tokens), vllm-rule[:min_n=1,max_n=4,k=5] (longest match, earliest occurrence), "
-                               "ngramspec[:settings], oracle[:k=16] (an upper bound: any earlier copy, exact "
+                               "ngramspec[:settings], oracle[:k=24] (an upper bound: any earlier copy, exact "
                                "acceptance, cost-optimal sizes; eval/oracle.py)")
     p_replay.add_argument("--cost", default=None,
                           help="verify-cost curve 'q:cost,...' relative to one token (default: the measured CPU curve)")

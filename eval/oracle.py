@@ -15,6 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ngramspec.config import SpeculatorConfig
+
+# The oracle drafts as far as ngramspec's default may (a bound must not draft less).
+ORACLE_MAX_DRAFT = SpeculatorConfig().max_draft_tokens
+
 
 def copy_lengths(prompt_ids, output_ids, max_draft: int) -> np.ndarray:
     """L[p] for p in 0..N-1: the longest run of output[p:] (at most ``max_draft``) that some
@@ -41,7 +46,7 @@ def copy_lengths(prompt_ids, output_ids, max_draft: int) -> np.ndarray:
     return lengths
 
 
-def oracle_replay(prompt_ids, output_ids, cost, max_draft: int = 16) -> tuple[int, int, float]:
+def oracle_replay(prompt_ids, output_ids, cost, max_draft: int = ORACLE_MAX_DRAFT) -> tuple[int, int, float]:
     """(new tokens, target forwards, total verify cost) of the cheapest exact schedule."""
     n = len(output_ids)
     if n == 0:

@@ -19,7 +19,7 @@ from ngramspec.replay import replay
 
 from .drafters import make_drafter
 from .methods import split_methods
-from .oracle import oracle_replay
+from .oracle import ORACLE_MAX_DRAFT, oracle_replay
 
 
 def load_traces(path) -> list[dict]:
@@ -41,7 +41,7 @@ def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eo
         groups = defaultdict(lambda: defaultdict(float))
         oracle = name == "oracle" or name.startswith("oracle:")
         if oracle:  # an upper bound, not a drafter: see eval/oracle.py
-            max_draft = int(parse_settings(name.partition(":")[2]).get("k", 16))
+            max_draft = int(parse_settings(name.partition(":")[2]).get("k", ORACLE_MAX_DRAFT))
         else:
             drafter = make_drafter(name, eos_token_ids)
             if name.startswith("ngramspec") and "verify_cost" not in name:  # size drafts by the scoring curve

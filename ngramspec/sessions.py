@@ -16,8 +16,9 @@ re-alignment or the shared history, in that order. ``SpeculationSession`` is the
 
 Worked example (min_n=1, max_n=3, one row): a new slot gets ``[5 6 7 5 6]`` as its new tokens;
 the suffix ``(5 6)`` last ended at position 1, so the draft copies from position 2, periodic
-past the end: limit 4 gives ``[7 5 6 7]``, continuing a match of 2 tokens, every position
-estimated at 0.5 (the prior, with no evidence yet).
+past the end: limit 4 gives ``[7 5 6 7]``, continuing a match of 2 tokens, estimated (2/3,
+2/3, 0.8, 0.8) with no evidence yet (the priors of matches of 2-3 and 4-7 tokens,
+:mod:`ngramspec.acceptance`).
 """
 
 from __future__ import annotations

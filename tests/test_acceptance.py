@@ -74,11 +74,12 @@ def test_the_worked_example_from_the_docstring():
     own, pool = new_evidence(), new_evidence()
     pool[:, 1] = (1, 3)
     pool[:, 2] = (6, 2)
-    out = np.zeros(3)
+    out = np.zeros(8)
     position_acceptance(own, pool, 0.5, OWN, 1, out)
-    assert out.tolist() == pytest.approx([2 / 6, 0.7, 0.7])
+    estimates = [1 / 3, 22 / 30, 22 / 30, 0.8, 0.8, 0.8, 0.8, 8 / 9]
+    assert out.tolist() == pytest.approx(estimates)
     position_acceptance(own, pool, 0.5, HISTORY, 1, out)
-    assert out.tolist() == [0.5] * 3  # history copies keep their own evidence
+    assert out.tolist() == pytest.approx([0.5, 2 / 3, 2 / 3, 0.8, 0.8, 0.8, 0.8, 8 / 9])  # its own evidence
 
 
 def test_a_long_match_is_trusted_further_than_a_short_one():
@@ -116,8 +117,8 @@ def test_requests_of_one_speculator_share_the_pool():
     text = np.array([1, 2, 3, 4, 1, 2], dtype=np.int32)
     first = spec.start(text)
     draft = first.propose(max_tokens=2)
-    assert draft.tokens.tolist() == [3, 4] and draft.acceptance.tolist() == [0.5, 0.5]
-    first.extend([7])  # refused at its first position
+    assert draft.tokens.tolist() == [3, 4] and draft.acceptance.tolist() == pytest.approx([2 / 3, 2 / 3])
+    first.extend([7])  # refused at its first position (a 2-token match: prior 2/3)
     second = spec.start(text)
-    assert second.propose(max_tokens=2).acceptance[0] < 0.5
-    assert NgramSpeculator(spec.config).start(text).propose(max_tokens=2).acceptance[0] == 0.5
+    assert second.propose(max_tokens=2).acceptance[0] < 0.6
+    assert NgramSpeculator(spec.config).start(text).propose(max_tokens=2).acceptance[0] == pytest.approx(2 / 3)

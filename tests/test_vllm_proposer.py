@@ -356,8 +356,9 @@ def drafting_with(true_scale, slow=(), settings=None):
     proposer = Proposer(vllm_config(k=8, max_num_seqs=6), settings=settings)
     rng = np.random.default_rng(3)
     requests = [copying_request(1000 * (i + 1), length=300, rng=rng) for i in range(24)]
-    for r in requests:  # long outputs that copy: most steps run the same rows, all drafting
-        r["output"] = np.concatenate([r["prompt"][s : s + 40] for s in (10, 100, 200, 50)])
+    spans = ((10, 12), (100, 30), (200, 7), (50, 25), (150, 18), (20, 40), (220, 9))
+    for r in requests:  # outputs that copy spans of varied length: drafts of many sizes, all rows drafting
+        r["output"] = np.concatenate([r["prompt"][s : s + n] for s, n in spans])
     engine = TimedEngine(proposer, true_scale, slots=6, slow=slow)
     waiting = list(requests)
     while waiting or engine.rows:
@@ -375,9 +376,7 @@ def test_the_step_cost_is_learned_from_the_engine_own_steps(true_scale):
     no cost file, and drafts more where positions are cheaper, fewer where dearer."""
     proposer, _ = drafting_with(true_scale)
     learned = proposer.cost.step_scale(rows=6)
-    # Within 40%: the two machines differ 6x. Sure copies draft all rows to the limit on most
-    # steps, so few step sizes are seen (0.28 and 2.91 learned for 0.4 and 2.5 here).
-    assert learned == pytest.approx(true_scale, rel=0.4), learned
+    assert learned == pytest.approx(true_scale, rel=0.25), learned
     _, per_step_cheap = drafting_with(0.4)
     _, per_step_dear = drafting_with(2.5)
     assert per_step_cheap > 1.2 * per_step_dear
@@ -385,10 +384,9 @@ def test_the_step_cost_is_learned_from_the_engine_own_steps(true_scale):
 
 def test_a_slow_patch_does_not_change_the_learned_scale():
     """Ten steps 10x slower (a noisy neighbour) slow plain and drafted steps alike: the
-    learned excess scale stays where the steady machine puts it."""
-    steady, _ = drafting_with(2.5)
+    learned excess scale stays as close to the machine's as without them (the test above)."""
     noisy, _ = drafting_with(2.5, slow=range(60, 70))
-    assert noisy.cost.step_scale(6) == pytest.approx(steady.cost.step_scale(6), rel=0.2)
+    assert noisy.cost.step_scale(6) == pytest.approx(2.5, rel=0.25)
 
 
 def test_a_prior_that_forbids_drafting_is_still_corrected():
