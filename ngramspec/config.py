@@ -67,7 +67,9 @@ class SpeculatorConfig:
             between; beyond the last point cost grows in proportion to q (a batch of rows x
             positions is costed as that many tokens); never refined.
         acceptance_prior: prior probability that a drafted token is accepted given the one
-            before it was, before a request has shown its own acceptance (weight of 2 drafts).
+            before it was, before this speculator's requests have shown acceptance after
+            matches of that length (a floor: longer matches start higher, see
+            :mod:`ngramspec.acceptance`).
         acceptance_memory: per-step decay of acceptance evidence for a match length that is
             not being drafted, so a request drifts back to the prior and tries again.
         copy_cursor: while the output copies an earlier span token by token, keep drafting
