@@ -299,10 +299,15 @@ class OnlineCost:
         """How the measured excess cost of a step of ``rows`` rows compares with the prior's (1:
         as the prior says), from its window or the nearest one that measures it; None where
         none does. Refitted after STEP_REFIT more timed steps (an engine asks every step; a fit
-        over a full window costs ~60 us), or MIN_STEPS while none is measured."""
+        over a full window costs ~60 us), or MIN_STEPS while none is measured in the first
+        STEP_REFIT steps."""
         bucket = self.bucket(64 * rows)
         cached = self._step_scales.get(bucket)
-        refit = self.STEP_REFIT if cached is not None and cached[1] is not None else self.MIN_STEPS
+        # Every MIN_STEPS steps while nothing is measured yet, then every STEP_REFIT (a window of
+        # steps that all drafted alike measures no slope, and refitting it every few steps
+        # would cost more than the drafting).
+        measured = cached is not None and (cached[1] is not None or self.steps_observed >= self.STEP_REFIT)
+        refit = self.STEP_REFIT if measured else self.MIN_STEPS
         if cached is not None and self.steps_observed - cached[0] < refit:
             return cached[1]
         scale = None
