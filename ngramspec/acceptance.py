@@ -2,7 +2,8 @@
 
 A copied draft continues an earlier occurrence of the text's suffix. How long that match is
 (``match``: how many tokens before the copy's source equal the last tokens of the text, capped
-at MATCH_CAP) says how sure the copy is, and it grows along the draft: the j-th drafted token
+at MATCH_CAP; for a copy from the shared history, the n of the index's match) says how sure
+the copy is, and it grows along the draft: the j-th drafted token
 (j = 0, 1, ...) is reached only if the ones before it were accepted, so it continues a match of
 ``match + j`` tokens. The estimate for position j, given the one before it was accepted, is
 therefore one function of ``match + j``, learned in buckets of doubling match length
@@ -25,11 +26,18 @@ shown REQUEST_WEIGHT positions of that bucket; the pool starts from ``prior`` wi
 of POOL_PRIOR_WEIGHT positions and halves its counts past POOL_WINDOW, so it follows a
 workload that changes.
 
+A declined (or unverified) draft teaches nothing, and a bucket whose drafts are always
+declined would never be re-tried: each decline fades the request's evidence for the first
+position's bucket by ``memory`` and moves what the request borrows from the pool there toward
+the bucket's prior (row DOUBT of the request's evidence: 0 trusts the pool, 1 the prior; a
+verified draft resets it). Only the request's own state fades, so a batch of 256 rows that
+all decline fades no faster than one row, and the pool keeps its memory.
+
 Worked example (prior 0.5, no request evidence, own text): pool bucket 0 is empty -> 0.5;
 bucket 1 (match 1) holds 1 accepted, 3 rejected -> (1 + 2 x 0.5) / (4 + 2) = 0.33; bucket 2
 (match 2-3) holds 6 accepted, 2 rejected -> (6 + 2 x 2/3) / (8 + 2) = 0.73; bucket 3 (match
-4-7) is empty -> max(0.73, 4/5) = 0.8. A draft after a 1-token match is estimated (0.33, 0.73,
-0.73, 0.8, 0.8, 0.8, 0.8, 0.8 + ...).
+4-7) is empty -> max(0.73, 4/5) = 0.8; bucket 4 (8-15) -> max(0.8, 8/9) = 0.89. A draft after a
+1-token match is estimated (0.33, 0.73, 0.73, 0.8, 0.8, 0.8, 0.8, 0.89, ...).
 
 Each kernel has a plain-Python reference below it; ``tests/test_acceptance.py`` pins them.
 """
@@ -41,6 +49,7 @@ from numba import njit
 
 BUCKETS = 8  # match lengths 0, 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+
 OWN, HISTORY = 0, 1  # where a draft is copied from: evidence columns source * BUCKETS + bucket
+ACCEPTED, REJECTED, DOUBT = 0, 1, 2  # evidence rows (the pool's DOUBT row is unused)
 MATCH_CAP = 64  # longest match measured: constant work per draft, whatever the context
 REQUEST_WEIGHT = 4.0
 POOL_PRIOR_WEIGHT = 2.0
@@ -81,8 +90,8 @@ def match_length_reference(stream: np.ndarray, length: int, start: int) -> int:
 @njit(cache=True)
 def position_acceptance(own, pool, prior, source, match, out):
     """Fill ``out`` (k,) float64 with the estimate for drafted positions 0..k-1 of a copy from
-    ``source`` that continues a ``match``-token match. own, pool: (2, 2 * BUCKETS) float64
-    (accepted, rejected)."""
+    ``source`` that continues a ``match``-token match. own, pool: (3, 2 * BUCKETS) float64
+    (:func:`new_evidence`)."""
     by_bucket = np.empty(BUCKETS)
     pooled = prior
     for b in range(BUCKETS):
@@ -90,23 +99,25 @@ def position_acceptance(own, pool, prior, source, match, out):
         shortest = 0 if b == 0 else 1 << (b - 1)  # the bucket's shortest match
         mean = max(pooled, prior, shortest / (shortest + 1.0))
         pooled = (pool[0, c] + POOL_PRIOR_WEIGHT * mean) / (pool[0, c] + pool[1, c] + POOL_PRIOR_WEIGHT)
-        by_bucket[b] = (own[0, c] + REQUEST_WEIGHT * pooled) / (own[0, c] + own[1, c] + REQUEST_WEIGHT)
+        borrowed = (1.0 - own[DOUBT, c]) * pooled + own[DOUBT, c] * mean
+        by_bucket[b] = (own[0, c] + REQUEST_WEIGHT * borrowed) / (own[0, c] + own[1, c] + REQUEST_WEIGHT)
     for j in range(out.shape[0]):
         out[j] = by_bucket[bucket(match + j)]
 
 
 def position_acceptance_reference(own, pool, prior: float, source: int, match: int, k: int) -> list[float]:
-    def pooled(b):  # the pool's estimate (module doc)
-        if b < 0:
-            return prior
+    def mean(b):  # the pool's prior for bucket b (module doc)
         shortest = 0 if b == 0 else 2 ** (b - 1)
-        mean = max(pooled(b - 1), prior, shortest / (shortest + 1))
+        return max(prior if b == 0 else pooled(b - 1), prior, shortest / (shortest + 1))
+
+    def pooled(b):  # the pool's estimate
         c = source * BUCKETS + b
-        return (pool[0][c] + POOL_PRIOR_WEIGHT * mean) / (pool[0][c] + pool[1][c] + POOL_PRIOR_WEIGHT)
+        return (pool[0][c] + POOL_PRIOR_WEIGHT * mean(b)) / (pool[0][c] + pool[1][c] + POOL_PRIOR_WEIGHT)
 
     def estimate(b):
         c = source * BUCKETS + b
-        return (own[0][c] + REQUEST_WEIGHT * pooled(b)) / (own[0][c] + own[1][c] + REQUEST_WEIGHT)
+        borrowed = (1 - own[2][c]) * pooled(b) + own[2][c] * mean(b)
+        return (own[0][c] + REQUEST_WEIGHT * borrowed) / (own[0][c] + own[1][c] + REQUEST_WEIGHT)
 
     return [estimate(bucket_reference(match + j)) for j in range(k)]
 
@@ -121,6 +132,7 @@ def learn(own, pool, source, match, kept, verified):
         b = source * BUCKETS + bucket(match + j)
         refused = 1 if j == kept else 0
         own[refused, b] += 1.0
+        own[DOUBT, b] = 0.0  # verified: the pool speaks for this bucket again
         pool[refused, b] += 1.0
         if pool[0, b] + pool[1, b] > POOL_WINDOW:
             pool[0, b] *= 0.5
@@ -136,6 +148,7 @@ def learn_reference(own, pool, source: int, match: int, kept: int, verified: int
 
 def _count(own, pool, b: int, refused: int) -> None:
     own[refused][b] += 1.0
+    own[2][b] = 0.0
     pool[refused][b] += 1.0
     if pool[0][b] + pool[1][b] > POOL_WINDOW:
         pool[0][b] *= 0.5
@@ -143,21 +156,26 @@ def _count(own, pool, b: int, refused: int) -> None:
 
 
 @njit(cache=True)
-def fade(own, pool, source, match, memory):
+def fade(own, source, match, memory):
     """A draft after a ``match``-token match was declined or not verified, so its first
-    position taught nothing: the evidence for that position's bucket fades by ``memory``, the
-    request's and the pool's, so drafts that once failed are retried (a declined bucket gets no
-    new evidence otherwise, and its estimate would never heal)."""
+    position taught nothing: the request's evidence for that bucket fades by ``memory`` and
+    its doubt in the pool grows (module doc), so drafts that once failed are retried."""
     b = source * BUCKETS + bucket(match)
-    own[0, b] *= memory
-    own[1, b] *= memory
-    pool[0, b] *= memory
-    pool[1, b] *= memory
+    own[ACCEPTED, b] *= memory
+    own[REJECTED, b] *= memory
+    own[DOUBT, b] = 1.0 - (1.0 - own[DOUBT, b]) * memory
+
+
+def fade_reference(own, source: int, match: int, memory: float) -> None:
+    b = source * BUCKETS + bucket_reference(match)
+    own[0][b], own[1][b] = own[0][b] * memory, own[1][b] * memory
+    own[2][b] = 1 - memory * (1 - own[2][b])
 
 
 def new_evidence() -> np.ndarray:
-    """Empty (accepted, rejected) counts per source and bucket: (2, 2 * BUCKETS) float64."""
-    return np.zeros((2, 2 * BUCKETS))
+    """Empty evidence per source and bucket: (3, 2 * BUCKETS) float64, rows ACCEPTED,
+    REJECTED (positions) and DOUBT."""
+    return np.zeros((3, 2 * BUCKETS))
 
 
 def warm_up() -> None:
@@ -167,4 +185,4 @@ def warm_up() -> None:
     match = match_length(stream, 4, 2)
     position_acceptance(own, pool, 0.5, OWN, match, np.zeros(2))
     learn(own, pool, OWN, match, 1, 2)
-    fade(own, pool, OWN, match, 0.9)
+    fade(own, OWN, match, 0.9)

@@ -56,8 +56,9 @@ class SpeculatorConfig:
             latest one; the model usually continues the text it copied last) or ``"earliest"``
             (the first one, as vLLM's proposer does).
         payoff_sizing: size each draft to maximise expected tokens per unit of verify cost,
-            using the acceptance this request has shown so far after matches of the same
-            length; a draft that is not expected to pay is not proposed (a plain step). False:
+            using a per-position acceptance estimate learned from this request and the
+            speculator's earlier ones (:mod:`ngramspec.acceptance`); a draft that is not
+            expected to pay is not proposed (a plain step). False:
             always draft as much as the match offers, up to ``max_draft_tokens``.
         verify_cost: None (the default, "auto"): draft sizing asks a cost model that knows
             the context length and refines itself from the decode loop's own forward timings
@@ -70,8 +71,9 @@ class SpeculatorConfig:
             before it was, before this speculator's requests have shown acceptance after
             matches of that length (a floor: longer matches start higher, see
             :mod:`ngramspec.acceptance`).
-        acceptance_memory: per-step decay of acceptance evidence for a match length that is
-            not being drafted, so a request drifts back to the prior and tries again.
+        acceptance_memory: decay, per declined or unverified draft, of the request's
+            evidence for that match length, so the request drifts back to the prior and tries
+            again (the speculator's pooled evidence does not fade).
         copy_cursor: while the output copies an earlier span token by token, keep drafting
             from that span (locality) before asking the index; the cursor breaks on the first
             token that differs and the index takes over. (Replay: neutral to +0.9%.)

@@ -88,7 +88,7 @@ def _extend(s, new, streams, tables, state, evidence, pool, pending, min_n, max_
         verified = state[s, VERIFIED] if state[s, ACTIVE] else 0
         drafted = min(state[s, PENDING_LEN], verified)
         if verified == 0:
-            fade(evidence[s], pool, source, match, memory)
+            fade(evidence[s], source, match, memory)
         kept = 0
         while kept < min(drafted, count) and pending[s, kept] == new[kept]:
             kept += 1
@@ -179,7 +179,7 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
 
     token_ids (R, L) int32: every row's text, as vLLM keeps it; rows, ends, slots, limits (A,)
     int64; drafts (A, >= limits.max()) int32, lengths (A,) int64, acceptance (A, >= limits.max())
-    float64; evidence (slots, 2, 2 * BUCKETS), pool (2, 2 * BUCKETS) float64."""
+    float64; evidence (slots, 3, 2 * BUCKETS), pool (3, 2 * BUCKETS) float64 (acceptance.new_evidence)."""
     for r in range(rows.shape[0]):
         s = slots[r]
         seen = state[s, LENGTH]
@@ -197,7 +197,7 @@ class SessionTable:
 
     def __init__(self, config, history=None, slots: int = 16, pool=None):
         self.config, self.history = config, history
-        self.pool = new_evidence() if pool is None else pool  # (2, 2 * BUCKETS), shared by every slot
+        self.pool = new_evidence() if pool is None else pool  # (3, 2 * BUCKETS), shared by every slot
         self.streams = List.empty_list(types.int32[::1])
         self.tables = List.empty_list(types.uint64[::1])
         self.state = np.zeros((0, COLUMNS), dtype=np.int64)

@@ -7,8 +7,10 @@
     session.extend(emitted_tokens)         # accepted draft tokens + the target's own token
 
 ``generate(ngram_speculator=spec)`` drives exactly this API; so do the trace replayer and any
-other decode loop. A speculator holds settings only; all per-request state lives in sessions,
-so one speculator can serve many calls (its ``last_stats`` describe the latest generate call).
+other decode loop. A speculator holds settings, the acceptance evidence pooled over its
+requests (so a request starts from what earlier ones showed, :mod:`ngramspec.acceptance`) and
+its cost model; per-request state lives in sessions, so one speculator can serve many calls
+(its ``last_stats`` describe the latest generate call).
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ class Draft:
     (-1: the last emitted token), parents before children.
     ``match_len``/``source_start``: the suffix match that produced the draft and where in the
     token stream the copied continuation starts (-1 when there was none).
-    ``acceptance``: (k,) float64, the session's estimate that each drafted token is accepted
-    given the one before it was (:mod:`ngramspec.acceptance`); batch loops size a shared draft
-    length from it. Empty when nothing was drafted.
+    ``acceptance``: (k,) float64, the session's estimate that each drafted token of the chain
+    (a tree: its first branch) is accepted given the one before it was
+    (:mod:`ngramspec.acceptance`); batch loops size a shared draft length from it. Empty when
+    nothing was drafted; positions without an estimate count as 0.
     """
 
     tokens: np.ndarray
@@ -285,7 +288,7 @@ class SpeculationSession:
                                       np.ascontiguousarray(costs[1 : limit + 2], dtype=np.float64), False)
         best_k = int(lengths[0])
         if best_k == 0:  # not drafting: let old evidence fade so such drafts are retried
-            fade(self._evidence, self._pool, source, match, self.config.acceptance_memory)
+            fade(self._evidence, source, match, self.config.acceptance_memory)
         elif best < EXPLORE_BELOW and self._cost_model is not None and self._cost_model.needs_baseline(
                 self.index.length):
             return 0  # a plain step times the one-token forward here, so costs become measured
@@ -303,7 +306,7 @@ class SpeculationSession:
             if verified is not None:
                 draft = draft[:verified]
                 if verified == 0:  # not verified at all: let old evidence fade, as sizing does
-                    fade(self._evidence, self._pool, source, match, self.config.acceptance_memory)
+                    fade(self._evidence, source, match, self.config.acceptance_memory)
             kept = accepted_length(draft, None, tokens)
             learn(self._evidence, self._pool, source, match, kept, len(draft))
             self._pending = None
@@ -356,9 +359,10 @@ def batch_draft_length(drafts: list[Draft], cost=None, explore: bool = False) ->
     longest = int(limits.max(initial=0))
     if rows == 0 or longest == 0 or cost is None:  # cost None: no sizing, draft all there is
         return longest
-    acceptance = np.zeros((rows, longest))
+    acceptance = np.zeros((rows, longest))  # (rows, K): positions without an estimate count as 0
     for b, d in enumerate(drafts):
-        acceptance[b, : len(d)] = d.acceptance
+        estimates = np.atleast_1d(np.asarray(d.acceptance, dtype=np.float64))[: len(d)]
+        acceptance[b, : estimates.shape[0]] = estimates
     step_costs = np.array([cost(rows * (k + 1)) for k in range(longest + 1)], dtype=np.float64)
     lengths, value = draft_lengths(acceptance, limits, step_costs, True)
     if explore and value < EXPLORE_BELOW * rows:

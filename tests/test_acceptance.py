@@ -16,6 +16,7 @@ from ngramspec.acceptance import (
     bucket,
     bucket_reference,
     fade,
+    fade_reference,
     learn,
     learn_reference,
     match_length,
@@ -25,8 +26,9 @@ from ngramspec.acceptance import (
     position_acceptance_reference,
 )
 
-counts = st.lists(st.floats(0.0, 5000.0), min_size=4 * BUCKETS, max_size=4 * BUCKETS).map(
-    lambda c: np.array(c).reshape(2, 2 * BUCKETS))
+counts = st.tuples(st.lists(st.floats(0.0, 5000.0), min_size=4 * BUCKETS, max_size=4 * BUCKETS),
+                   st.lists(st.floats(0.0, 1.0), min_size=2 * BUCKETS, max_size=2 * BUCKETS)).map(
+    lambda c: np.array(c[0] + c[1]).reshape(3, 2 * BUCKETS))  # accepted, rejected, doubt
 sources = st.sampled_from([OWN, HISTORY])
 
 
@@ -70,10 +72,19 @@ def test_learn_matches_its_reference(own, pool, source, match, kept, extra):
     assert own.tolist() == own_ref.tolist() and pool.tolist() == pool_ref.tolist()
 
 
+@settings(max_examples=200, deadline=None)
+@given(counts, sources, st.integers(0, 200), st.floats(0.0, 1.0))
+def test_fade_matches_its_reference(own, source, match, memory):
+    own_ref = own.copy()
+    fade(own, source, match, memory)
+    fade_reference(own_ref, source, match, memory)
+    assert np.allclose(own, own_ref, rtol=1e-12, atol=0)
+
+
 def test_the_worked_example_from_the_docstring():
     own, pool = new_evidence(), new_evidence()
-    pool[:, 1] = (1, 3)
-    pool[:, 2] = (6, 2)
+    pool[:2, 1] = (1, 3)
+    pool[:2, 2] = (6, 2)
     out = np.zeros(8)
     position_acceptance(own, pool, 0.5, OWN, 1, out)
     estimates = [1 / 3, 22 / 30, 22 / 30, 0.8, 0.8, 0.8, 0.8, 8 / 9]
@@ -103,12 +114,17 @@ def test_the_pool_forgets_past_its_window_and_a_declined_bucket_fades_back_to_th
     own, pool = new_evidence(), new_evidence()
     for _ in range(int(POOL_WINDOW) + 10):
         learn(own, pool, OWN, 1, 0, 1)
-    assert pool[:, 1].sum() <= POOL_WINDOW  # halved: a workload that changes is followed
+    assert pool[:2, 1].sum() <= POOL_WINDOW  # halved: a workload that changes is followed
+    pool_before = pool.copy()
     for _ in range(200):
-        fade(own, pool, OWN, 1, 0.9)
+        fade(own, OWN, 1, 0.9)
+    assert pool.tolist() == pool_before.tolist()  # declines fade the request, never the pool
     out = np.zeros(1)
     position_acceptance(own, pool, 0.5, OWN, 1, out)
-    assert out[0] == pytest.approx(0.5, abs=0.01)
+    assert out[0] == pytest.approx(0.5, abs=0.01)  # back to the prior: the request tries again
+    learn(own, pool, OWN, 1, 1, 2)  # a verified draft: the pool speaks again
+    position_acceptance(own, pool, 0.5, OWN, 1, out)
+    assert out[0] < 0.3
 
 
 def test_requests_of_one_speculator_share_the_pool():
