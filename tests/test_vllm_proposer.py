@@ -438,3 +438,10 @@ def test_steps_call_the_kernels_with_the_types_they_were_warmed_for():
         for signature in kernel.signatures:
             layouts = [t.layout for t in signature if isinstance(t, types.Array)]
             assert set(layouts) <= {"C"}, (kernel.__name__, signature)
+
+
+def test_the_warm_up_leaves_no_evidence_in_the_pool():
+    """The scratch steps that compile the kernels draft and learn on a scratch row: none of
+    it may reach the acceptance evidence pooled over the engine's requests."""
+    proposer = Proposer(vllm_config(k=4))
+    assert not proposer.speculator.pool.any()
