@@ -92,17 +92,20 @@ def position_acceptance(own, pool, prior, source, match, out):
     """Fill ``out`` (k,) float64 with the estimate for drafted positions 0..k-1 of a copy from
     ``source`` that continues a ``match``-token match. own, pool: (3, 2 * BUCKETS) float64
     (:func:`new_evidence`)."""
-    by_bucket = np.empty(BUCKETS)
+    j, k = 0, out.shape[0]
     pooled = prior
-    for b in range(BUCKETS):
+    for b in range(BUCKETS):  # up to the last position's bucket (the chain needs every one below)
+        if j == k:
+            break
         c = source * BUCKETS + b
         shortest = 0 if b == 0 else 1 << (b - 1)  # the bucket's shortest match
         mean = max(pooled, prior, shortest / (shortest + 1.0))
         pooled = (pool[0, c] + POOL_PRIOR_WEIGHT * mean) / (pool[0, c] + pool[1, c] + POOL_PRIOR_WEIGHT)
         borrowed = (1.0 - own[DOUBT, c]) * pooled + own[DOUBT, c] * mean
-        by_bucket[b] = (own[0, c] + REQUEST_WEIGHT * borrowed) / (own[0, c] + own[1, c] + REQUEST_WEIGHT)
-    for j in range(out.shape[0]):
-        out[j] = by_bucket[bucket(match + j)]
+        estimate = (own[0, c] + REQUEST_WEIGHT * borrowed) / (own[0, c] + own[1, c] + REQUEST_WEIGHT)
+        while j < k and bucket(match + j) == b:  # positions' buckets never decrease along a draft
+            out[j] = estimate
+            j += 1
 
 
 def position_acceptance_reference(own, pool, prior: float, source: int, match: int, k: int) -> list[float]:

@@ -184,23 +184,33 @@ class OnlineCost:
             cached = self._scales[(rows, bucket)] = (self.observations, 1.0 if scale is None else scale)
         return cached[1]
 
-    def _measure_excess_scale(self, rows: int, bucket: int) -> float | None:
+    def _measured(self, rows: int, bucket: int):
+        """For this context, then the nearest ones that may speak for it (``_current``), each
+        with a measured plain step: (its half-octave, [(tokens, measured cost)] of its measured
+        draft sizes)."""
         for distance in (0, 1, -1, 2, -2):
             b = bucket + distance
             plain = self._median(rows, b, rows)
             if plain is None or (b != bucket and not self._current(rows, bucket, b)):
                 continue
-            context = int(2 ** (b / 2 + 0.25))
-            ratios = []
             with self._lock:
                 keys = list(self._cells)  # another thread may add cells meanwhile
+            points = []
             for cell_rows, cell_bucket, tokens in keys:
-                if cell_rows != rows or cell_bucket != b or tokens == rows:
-                    continue
-                measured = self._median(rows, b, tokens)
+                if cell_rows == rows and cell_bucket == b and tokens != rows:
+                    measured = self._median(rows, b, tokens)
+                    if measured is not None:
+                        points.append((tokens, measured / plain))
+            yield b, points
+
+    def _measure_excess_scale(self, rows: int, bucket: int) -> float | None:
+        for b, points in self._measured(rows, bucket):
+            context = int(2 ** (b / 2 + 0.25))
+            ratios = []
+            for tokens, cost in points:
                 prior_excess = self._prior(tokens, context, rows) - 1
-                if measured is not None and prior_excess > 0.02:
-                    ratios.append(max(measured / plain - 1, 0.0) / prior_excess)
+                if prior_excess > 0.02:
+                    ratios.append(max(cost - 1, 0.0) / prior_excess)
             if ratios:
                 return statistics.median(ratios)
         return None
@@ -231,19 +241,7 @@ class OnlineCost:
         if cached is not None and self.observations - cached[0] < 8:
             return cached[1]
         line = None
-        for distance in (0, 1, -1, 2, -2):
-            b = bucket + distance
-            plain = self._median(rows, b, rows)
-            if plain is None or (b != bucket and not self._current(rows, bucket, b)):
-                continue
-            with self._lock:
-                keys = list(self._cells)  # another thread may add cells meanwhile
-            points = []
-            for cell_rows, cell_bucket, tokens in keys:
-                if cell_rows == rows and cell_bucket == b and tokens != rows:
-                    measured = self._median(rows, b, tokens)
-                    if measured is not None:
-                        points.append((tokens, measured / plain))
+        for _, points in self._measured(rows, bucket):
             if len(points) >= 2:
                 slopes = [(c2 - c1) / (q2 - q1) for i, (q1, c1) in enumerate(points) for q2, c2 in points[i + 1 :]]
                 slope = max(statistics.median(slopes), 0.0)

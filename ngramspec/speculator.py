@@ -361,8 +361,12 @@ def batch_draft_length(drafts: list[Draft], cost=None, explore: bool = False) ->
         return longest
     acceptance = np.zeros((rows, longest))  # (rows, K): positions without an estimate count as 0
     for b, d in enumerate(drafts):
-        estimates = np.atleast_1d(np.asarray(d.acceptance, dtype=np.float64))[: len(d)]
-        acceptance[b, : estimates.shape[0]] = estimates
+        estimates = np.asarray(d.acceptance, dtype=np.float64)
+        if estimates.ndim == 0:  # one rate for every position
+            acceptance[b, : len(d)] = estimates
+        else:
+            estimates = estimates[: len(d)]
+            acceptance[b, : estimates.shape[0]] = estimates
     step_costs = np.array([cost(rows * (k + 1)) for k in range(longest + 1)], dtype=np.float64)
     lengths, value = draft_lengths(acceptance, limits, step_costs, True)
     if explore and value < EXPLORE_BELOW * rows:

@@ -222,3 +222,11 @@ def test_compaction_keeps_each_rows_valid_columns_in_order():
         assert new_mask[b].tolist() == [0] * (width - len(valid)) + [1] * len(valid)
     small = torch.ones((2, 10), dtype=torch.long)
     assert _maybe_compact(small, [10, 10], gather) is small  # too few holes: left alone
+
+
+def test_batch_draft_length_takes_drafts_without_per_position_estimates():
+    """A custom session's Draft may carry no estimates (each position counts as 0: no K pays)
+    or one rate for every position (a scalar, as before per-position estimates)."""
+    flat = lambda n: 1.0 + 0.01 * n  # noqa: E731  nearly free positions
+    assert batch_draft_length([Draft(np.arange(4, dtype=np.int32))], flat) == 0
+    assert batch_draft_length([Draft(np.arange(4, dtype=np.int32), acceptance=0.9)], flat) == 4
