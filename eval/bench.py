@@ -142,6 +142,7 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
     totals = defaultdict(lambda: defaultdict(float))
     identical = defaultdict(int)
     per_item = defaultdict(list)  # (group, method) -> (end-to-end, decode phase) ratios vs greedy
+    batch_seconds = defaultdict(list)  # method -> wall seconds of each batch, in batch order
     for g, group in enumerate(tqdm(groups, desc=f"bench b={batch_size}", unit="batch", disable=quiet)):
         ids, mask = left_pad([prompts[i] for i in group], pad_id)
         ids, mask = ids.to(model.device), (mask.to(model.device) if batch_size > 1 else None)
@@ -152,6 +153,7 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
             rows, wall, inside, forwards, prefill = _generate(model, timer, ids, mask, method, max_new_tokens, pad_id)
             outputs[method.name] = rows
             seconds[method.name] = (wall, wall - prefill)
+            batch_seconds[method.name].append(wall)
             # A batch's wall time is shared by its rows; each row's family gets its share.
             for i, row in zip(group, rows):
                 for key in (tasks.family_of(items[i][0]), "overall"):
@@ -190,7 +192,21 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
         r["x_hf_pld"] = r["tok_s"] / pld["tok_s"] if pld else None
     timer.remove()
     spec = methods[-1].speculator
-    return {"rows": rows, "settings": repr(spec.config)}
+    return {"rows": rows, "settings": repr(spec.config), "paired": paired(batch_seconds, batch_size)}
+
+
+def paired(batch_seconds: dict, batch_size: int) -> list[dict]:
+    """Per batch (an item at batch size 1), the first speculative method against each later one
+    (e.g. the online cost model against a fixed curve): its speed-up over the other on the same
+    items, the same outputs. Noise included: one batch's ratio moves by 10-20% run to run."""
+    names = [n for n in batch_seconds if n != "greedy"]
+    out = []
+    for other in names[1:]:
+        ratios = sorted(o / r for r, o in zip(batch_seconds[names[0]], batch_seconds[other]))
+        out.append({"batch_size": batch_size, "method": names[0], "other": other, "batches": len(ratios),
+                    "worst": ratios[0], "median": ratios[len(ratios) // 2],
+                    "at_least_level": sum(r >= 1.0 for r in ratios), "at_least_095": sum(r >= 0.95 for r in ratios)})
+    return out
 
 
 def markdown(result: dict) -> str:
@@ -206,6 +222,15 @@ def markdown(result: dict) -> str:
                      f"{r['min_item_x_greedy']:.2f}x ({r['min_item_x_greedy_decode']:.2f}x) | {r['mat']:.2f} | "
                      f"{r['overhead_ms_per_step']:.2f} | {100 * r['overhead_share']:.1f}% | "
                      f"{100 * r['identical']:.0f}% |")
+    if result.get("paired"):
+        lines += ["", "Per batch (an item at batch 1), same outputs: the first speculative method's speed-up over "
+                  "each later one.", "",
+                  "| dtype | batch | method | against | batches | worst | median | at least 1.00x | at least 0.95x |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for p in result["paired"]:
+            lines.append(f"| {p.get('dtype', '')} | {p['batch_size']} | {p['method']} | {p['other']} | "
+                         f"{p['batches']} | {p['worst']:.2f}x | {p['median']:.2f}x | {p['at_least_level']} | "
+                         f"{p['at_least_095']} |")
     d = result["drafter_us_per_step"]
     lines += ["", "Drafter (propose + extend) per step: "
               + ", ".join(f"{c // 1000}k context {us:.1f} us" for c, us in d.items())]
@@ -234,7 +259,7 @@ def main(args) -> int:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {args.device}: this machine has no CUDA device")
     started = time.time()
-    result = {"rows": [], "verify_costs": {}}
+    result = {"rows": [], "paired": [], "verify_costs": {}}
     for dtype in dtypes:
         model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(dtype))
         dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -245,9 +270,10 @@ def main(args) -> int:
             part = bench(model, tokenizer, names, args.limit, args.max_new_tokens, args.settings, args.data_dir,
                          args.quiet, batch_size, curve, method_names=args.methods,
                          prompt_tokens=(args.min_prompt_tokens, args.max_prompt_tokens))
-            for r in part["rows"]:
+            for r in part["rows"] + part["paired"]:
                 r["dtype"] = dtype_name
             result["rows"] += part["rows"]
+            result["paired"] += part["paired"]
             result["settings"] = part["settings"]
         device = str(model.device)
         del model

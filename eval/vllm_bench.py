@@ -229,10 +229,9 @@ def main(argv=None) -> int:
     report = {"command": " ".join([Path(sys.executable).name, "-m", "eval.vllm_bench", *(argv or sys.argv[1:])]),
               "items": len(items), "rows": []}
     if args.prior_scale is not None:
-        from ngramspec.vllm import COST_FILE_ENV, VLLM_CPU_COST
+        from ngramspec.vllm import COST_FILE_ENV, VLLM_CPU_PRIOR
 
-        scaled = {str(rows): [[n, 1 + args.prior_scale * (c - 1)] for n, c in points] for rows, points in VLLM_CPU_COST}
-        (out / "prior.json").write_text(json.dumps({"curves": scaled}))
+        (out / "prior.json").write_text(VLLM_CPU_PRIOR.scaled(args.prior_scale).to_json())
         env[COST_FILE_ENV] = str(out / "prior.json")  # read by ngramspec's proposer only
         report["prior_scale"] = args.prior_scale
     for group, group_items in groups:

@@ -1,5 +1,5 @@
 """Measure vLLM's step-cost curve: time of one engine step over N scheduled tokens, relative
-to a one-token step (ngramspec.vllm.VLLM_CPU_COST comes from this).
+to a one-token step (ngramspec.vllm.VLLM_CPU_PRIOR comes from this).
 
     .venv-vllm/bin/python -m eval.vllm_cost [--rows 1,4,16] [--context 500] [--model DIR]
 

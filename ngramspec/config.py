@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import numpy as np
-
 from .costs import DEFAULT_CPU_CURVE, CostCurve
 
 MATCH_POLICIES = ("recent", "earliest")
 
-# The default verify-cost points (see costs.DEFAULT_CPU_CURVE: a 2-core CPU measurement). The
-# name stays importable: the generate hook warns when this CPU curve sizes drafts off the CPU.
+# The 2-core CPU's verify-cost points at 400 tokens of context (costs.DEFAULT_CPU_CURVE; the
+# first curve of the online model's prior): ``verify_cost=CPU_VERIFY_COST`` fixes them.
 CPU_VERIFY_COST = DEFAULT_CPU_CURVE.points
 
 
@@ -140,26 +138,8 @@ class SpeculatorConfig:
             raise ValueError(f"acceptance_prior must be in (0, 1), got {self.acceptance_prior}.")
         if not 0.0 <= self.acceptance_memory <= 1.0:
             raise ValueError(f"acceptance_memory must be in [0, 1], got {self.acceptance_memory}.")
-        # Validated (same messages) and kept as a curve: forward_cost runs on every decode step.
-        curve = DEFAULT_CPU_CURVE if self.verify_cost is None else CostCurve(self.verify_cost)
-        if self.verify_cost is not None:
-            object.__setattr__(self, "verify_cost", curve.points)
-        object.__setattr__(self, "_cost_curve", curve)
-
-    def verify_costs(self) -> np.ndarray:
-        """``costs[q]`` = relative cost of verifying q tokens, for q in 0..max_tree_tokens+1 (a
-        tree and the target's own token; chains are never longer than a tree)."""
-        return np.array([self.forward_cost(q) for q in range(max(self.max_draft_tokens, self.max_tree_tokens) + 2)])
-
-    def forward_cost(self, tokens: int) -> float:
-        """Relative cost of one forward over ``tokens`` tokens (all rows of a batch together),
-        by the fixed curve (with ``verify_cost=None``, the prior at 400 tokens of context)."""
-        return self._cost_curve(tokens)
-
-    @property
-    def cost_curve(self) -> CostCurve:
-        """``verify_cost`` as a :class:`~ngramspec.costs.CostCurve`."""
-        return self._cost_curve
+        if self.verify_cost is not None:  # validated (its messages), kept as normalised points
+            object.__setattr__(self, "verify_cost", CostCurve(self.verify_cost).points)
 
     @classmethod
     def parse_value(cls, name: str, text: str):

@@ -38,54 +38,13 @@ import statistics
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
 
 import numpy as np
 from numba import njit
 
-from .costs import DEFAULT_CPU_CURVE, CostCurve
-
-# The prior of OnlineCost(): SmolLM2-135M-Instruct, fp32, torch 2.13, 2 threads, idle 2-core CPU.
-# 400 tokens: the default curve (it agrees with forwards timed inside real decoding, q=13 1.63x
-# in eval/results/insitu_cost). 2,000 and 8,000: `python -m eval.cost_curve --context N --qs
-# 1,2,3,4,5,6,8,10,12,16,24,32 --repeats 9` (one-token forward 48.9 ms and 102.7 ms). At 8,000
-# the attention kernel's cost jumps from q = 6 on. Isolated measurements vary by 20-40% from run
-# to run (the same command gave 2.19x at q=12 and 400 tokens): the online timings decide.
-CPU_CONTEXT_CURVES = (
-    (400, DEFAULT_CPU_CURVE),
-    (2000, CostCurve(((1, 1.0), (2, 1.29), (3, 1.38), (4, 1.63), (5, 1.71), (6, 1.76), (8, 1.93), (10, 2.1),
-                      (12, 2.17), (16, 2.16), (24, 2.38), (32, 2.65)))),
-    (8000, CostCurve(((1, 1.0), (2, 1.55), (3, 1.68), (4, 1.86), (5, 2.25), (6, 4.1), (8, 3.81), (10, 3.96),
-                      (12, 4.03), (16, 3.76), (24, 4.55), (32, 4.26)))),
-)
-
-
-@dataclass(frozen=True)
-class ContextCurves:
-    """Cost curves measured at increasing context lengths; between two, the cost is
-    interpolated in log(context); outside, the nearest curve holds."""
-
-    curves: tuple = CPU_CONTEXT_CURVES
-
-    def __call__(self, tokens: int, context: int) -> float:
-        contexts = [c for c, _ in self.curves]
-        if context <= contexts[0]:
-            return self.curves[0][1](tokens)
-        if context >= contexts[-1]:
-            return self.curves[-1][1](tokens)
-        i = next(i for i, c in enumerate(contexts) if c > context)
-        (c0, low), (c1, high) = self.curves[i - 1], self.curves[i]
-        w = (math.log(context) - math.log(c0)) / (math.log(c1) - math.log(c0))
-        return (1 - w) * low(tokens) + w * high(tokens)
-
-    def relative(self, tokens: int, context: int, rows: int = 1) -> float:
-        """Relative to a plain step of ``rows`` rows: a batch costs as rows x positions tokens
-        of one row (never below the plain step, where a measured curve dips at a few tokens)."""
-        if rows <= 1:
-            return self(tokens, context)
-        return max(1.0, self(tokens, context) / self(rows, context))
+from .costs import CPU_PRIOR, CostPrior
 
 
 class OnlineCost:
@@ -99,9 +58,12 @@ class OnlineCost:
     MIN_SAMPLES = 3
     SAME_LOAD = 1.5  # plain steps of two nearby contexts this close in time: the same load
 
-    def __init__(self, prior=None):
-        self.prior = prior or ContextCurves()
+    def __init__(self, prior: CostPrior | None = None, learn: bool = True):
+        self.prior = CPU_PRIOR if prior is None else prior
+        # learn=False: a fixed curve (``verify_cost=...``) that timings never move, read the same way
+        self.learn = learn
         self._lock = threading.Lock()
+        self._prior_tables: dict[tuple[int, int], np.ndarray] = {}  # (rows, half-octave) -> prior by tokens
         # (rows, bucket, tokens) -> (observation number, seconds) of its newest forwards
         self._cells: dict[tuple[int, int, int], deque] = {}
         self._retimed: set[tuple[int, int, int]] = set()  # cells dropped as stale: one new timing counts
@@ -123,7 +85,7 @@ class OnlineCost:
     def observe(self, tokens: int, context: int, seconds: float, rows: int = 1) -> None:
         """One forward over ``tokens`` new tokens of ``rows`` rows on ``context`` cached ones
         (per row) took ``seconds``."""
-        if tokens <= 0 or rows <= 0 or not seconds > 0:
+        if tokens <= 0 or rows <= 0 or not seconds > 0 or not self.learn:
             return
         key = (int(rows), self.bucket(context), int(tokens))
         with self._lock:
@@ -141,8 +103,8 @@ class OnlineCost:
 
     def needs_baseline(self, context: int, rows: int = 1) -> bool:
         """Too few plain-step timings of ``rows`` rows at this context to measure relative
-        costs here."""
-        return self._median(rows, self.bucket(context), rows) is None
+        costs here (never, where the model does not learn)."""
+        return self.learn and self._median(rows, self.bucket(context), rows) is None
 
     def _median(self, rows: int, bucket: int, tokens: int) -> float | None:
         key, base = (rows, bucket, tokens), (rows, bucket, rows)
@@ -167,9 +129,25 @@ class OnlineCost:
         here, there = self._median(rows, bucket, rows), self._median(rows, other, rows)
         return here is None or there is None or 1 / self.SAME_LOAD <= there / here <= self.SAME_LOAD
 
-    def _prior(self, tokens: int, context: int, rows: int) -> float:
-        """The prior relative to a plain step of ``rows`` rows."""
-        return self.prior.relative(tokens, context, rows)
+    @staticmethod
+    def context_of(bucket: int) -> int:
+        """The middle of a half-octave of context (in log), where its prior is read."""
+        return int(2 ** (bucket / 2 + 0.25))
+
+    def _prior(self, tokens, context: int, rows: int):
+        """The prior relative to a plain step of ``rows`` rows at this context's half-octave, for
+        an int or an int array of token counts; read from a table per (rows, half-octave), built
+        once (an engine asks every step, and a table's read is ~100x cheaper than the curves')."""
+        key = (rows, self.bucket(context))
+        table = self._prior_tables.get(key)
+        top = tokens if isinstance(tokens, int) else int(tokens.max()) if tokens.size else 0
+        if table is None or top >= table.shape[0]:
+            size = max(top + 1, 17 * rows + 1, 0 if table is None else 2 * table.shape[0])
+            table = np.asarray(self.prior.relative(np.arange(size), self.context_of(key[1]), rows), dtype=np.float64)
+            if len(self._prior_tables) >= 1024:
+                self._prior_tables.clear()
+            self._prior_tables[key] = table
+        return table[tokens]
 
     def _excess_scale(self, rows: int, bucket: int) -> float:
         """How the measured excess cost (cost - 1) compares with the prior's, at this context
@@ -205,10 +183,9 @@ class OnlineCost:
 
     def _measure_excess_scale(self, rows: int, bucket: int) -> float | None:
         for b, points in self._measured(rows, bucket):
-            context = int(2 ** (b / 2 + 0.25))
             ratios = []
             for tokens, cost in points:
-                prior_excess = self._prior(tokens, context, rows) - 1
+                prior_excess = self._prior(tokens, self.context_of(b), rows) - 1
                 if prior_excess > 0.02:
                     ratios.append(max(cost - 1, 0.0) / prior_excess)
             if ratios:
@@ -227,7 +204,7 @@ class OnlineCost:
         line = self._line(rows, bucket)
         if line is not None:
             return max(1.0, line[0] + line[1] * tokens)
-        return 1 + (self._prior(tokens, context, rows) - 1) * self._excess_scale(rows, bucket)
+        return 1 + (float(self._prior(tokens, context, rows)) - 1) * self._excess_scale(rows, bucket)
 
     def _line(self, rows: int, bucket: int) -> tuple[float, float] | None:
         """Where two or more draft sizes are measured at this context (or the nearest measured
@@ -268,8 +245,8 @@ class OnlineCost:
     # A robust line through the window (Theil-Sen: the median of pairwise slopes b, then the
     # median intercept a, the plain step's time) gives the excess scale b / a. A load that
     # slows every step alike scales a and b alike and leaves it unchanged; the window keeps the
-    # newest steps, so a changed machine or load is learned within STEP_WINDOW steps. (The
-    # engine prior has no context axis; a step's context moves a and b together, mostly.)
+    # newest steps, so a changed machine or load is learned within STEP_WINDOW steps. (A step's
+    # context moves a and b together, mostly.)
     STEP_WINDOW = 128
     STEP_REFIT = 64  # half the window renewed between fits
     MIN_STEPS = 8
@@ -283,9 +260,9 @@ class OnlineCost:
     def observe_step(self, tokens: int, context: int, rows: int, seconds: float) -> None:
         """One engine step over ``tokens`` scheduled tokens (every row's last token and draft)
         of ``rows`` rows with ``context`` tokens each on average took ``seconds``."""
-        if rows <= 0 or tokens < rows or not seconds > 0:
+        if rows <= 0 or tokens < rows or not seconds > 0 or not self.learn:
             return
-        excess = float(self.prior.relative(tokens, context, rows)) - 1
+        excess = float(self._prior(tokens, context, rows)) - 1
         with self._lock:
             window = self._steps.get(self.bucket(64 * rows))  # row counts in half-octaves
             if window is None:
@@ -325,16 +302,14 @@ class OnlineCost:
         """``costs[m]`` for m = 0..positions: a step over ``rows`` rows' last tokens and m draft
         tokens (every total one step could schedule, priced at once), relative to a plain step
         of ``rows`` rows. ``step``: the caller's step number (exploration, below). Kept until
-        the fitted scale changes (an engine asks every step); a prior with a context axis is
-        read once per half-octave of context."""
+        the fitted scale changes (an engine asks every step)."""
         scale = self.step_scale(rows)
         if scale is None:  # nothing measured here yet: the prior, and every few steps an optimistic try
             scale = self.EXPLORE_SCALE if step % self.EXPLORE_EVERY == self.EXPLORE_EVERY - 1 else 1.0
         key = (rows, positions, self.bucket(context), scale)
         costs = self._step_tables.get(key)
         if costs is None:
-            prior = np.asarray(self.prior.relative(rows + np.arange(positions + 1), context, rows), dtype=np.float64)
-            costs = 1 + (prior - 1) * scale
+            costs = 1 + (self._prior(rows + np.arange(positions + 1), context, rows) - 1) * scale
             if len(self._step_tables) >= 64:
                 self._step_tables.clear()
             self._step_tables[key] = costs

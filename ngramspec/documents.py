@@ -135,7 +135,10 @@ class DocumentJob:
         new = out[0, ids.shape[1] :]
         if self.speculator is not None:
             stats = self.speculator.last_stats
-            cost = self.speculator.config.forward_cost
+            cost_model, context = self.speculator.cost_model, ids.shape[1]
+
+            def cost(tokens: int) -> float:
+                return float(cost_model(tokens, context))
         else:
             stats = DecodeStats(prompt_tokens=ids.shape[1], new_tokens=int(new.shape[0]),
                                 target_forwards=int(new.shape[0]))

@@ -73,10 +73,7 @@ def ngram_generate(
     if positions is None:
         positions = hf.positions_from_mask(input_ids, attention_mask)
     config, cost_model = ngram_speculator.config, ngram_speculator.cost_model
-    forward_cost = None  # payoff sizing off: a batch drafts all it proposes
-    if config.payoff_sizing:
-        forward_cost = cost_model if cost_model is not None else (
-            lambda tokens, context, rows: config.forward_cost(tokens) / config.forward_cost(rows))
+    forward_cost = cost_model if config.payoff_sizing else None  # None: a batch drafts all it proposes
     pad = gc._pad_token_tensor
     options = Options(
         stop=hf.stop_rule(stopping_criteria),
@@ -85,7 +82,7 @@ def ngram_generate(
         keep_scores=bool(gc.return_dict_in_generate and gc.output_scores),
         keep_logits=bool(gc.return_dict_in_generate and gc.output_logits),
         forward_cost=forward_cost,
-        timer=ForwardTimer(cost_model, input_ids.device) if cost_model is not None else None,
+        timer=ForwardTimer(cost_model, input_ids.device) if cost_model.learn else None,
         streamer=ngram_streamer,
     )
     capacity = min(gc.max_length, input_ids.shape[1] + (1 << 16))  # the drafter's index pre-size

@@ -25,6 +25,7 @@ from .acceptance import HISTORY, OWN, fade, learn, match_length, new_evidence, p
 from .acceptance import warm_up as warm_up_acceptance
 from .config import SpeculatorConfig
 from .costmodel import OnlineCost
+from .costs import DEFAULT_CPU_CURVE, CostPrior
 from .history import SEPARATOR, History
 from .index import NgramIndex, warm_up
 from .sizing import draft_lengths
@@ -119,8 +120,9 @@ class SpeculationSession:
         self._history = history
         # Payoff sizing: this request's accepted and rejected draft positions per match-length
         # bucket, and the speculator's pool of the same (ngramspec.acceptance).
-        self._costs = config.verify_costs()  # the fixed curve, when there is no cost model
-        self._cost_model = cost_model  # an OnlineCost: costs at this request's context, as measured
+        # Costs at this request's context: the speculator's model (as measured so far), else the
+        # fixed curve of this config (verify_cost, or the CPU one at 400 tokens of context).
+        self._cost_model = fixed_cost_model(config) if cost_model is None else cost_model
         self._evidence = new_evidence()
         self._pool = new_evidence() if pool is None else pool
         self._pending = None  # (chain tokens, their source and the match they continue, own-stream branch starts)
@@ -272,10 +274,8 @@ class SpeculationSession:
 
     def _cost_table(self, max_tokens: int) -> np.ndarray:
         """costs[q], q = 0..max_tokens: a forward over q tokens at this request's context, by the
-        cost model (as measured so far), else by the fixed curve."""
-        if self._cost_model is not None:
-            return self._cost_model.table(self.index.length, max_tokens)
-        return self._costs
+        cost model (as measured so far, where it learns)."""
+        return self._cost_model.table(self.index.length, max_tokens)
 
     def _best_length(self, source: int, match: int, acceptance: np.ndarray) -> int:
         """Draft length in [0, len(acceptance)] maximising expected emitted tokens per unit
@@ -289,8 +289,7 @@ class SpeculationSession:
         best_k = int(lengths[0])
         if best_k == 0:  # not drafting: let old evidence fade so such drafts are retried
             fade(self._evidence, source, match, self.config.acceptance_memory)
-        elif best < EXPLORE_BELOW and self._cost_model is not None and self._cost_model.needs_baseline(
-                self.index.length):
+        elif best < EXPLORE_BELOW and self._cost_model.needs_baseline(self.index.length):
             return 0  # a plain step times the one-token forward here, so costs become measured
         return best_k
 
@@ -345,6 +344,12 @@ class SpeculationSession:
         self._finished = True
 
 
+def fixed_cost_model(config: SpeculatorConfig) -> OnlineCost:
+    """The cost model of a fixed curve, which timings never move: ``verify_cost``, or where it
+    is None the CPU curve at 400 tokens of context (a session started without a speculator)."""
+    return OnlineCost(CostPrior.fixed(config.verify_cost or DEFAULT_CPU_CURVE.points), learn=False)
+
+
 def batch_draft_length(drafts: list[Draft], cost=None, explore: bool = False) -> int:
     """One draft length K for a batch verified in one forward of shape (rows, K + 1): the
     sizing rule, padded (:func:`ngramspec.sizing.draft_lengths`), with ``cost(n)`` the cost of
@@ -395,9 +400,9 @@ class NgramSpeculator:
         self.last_stats = None  # DecodeStats of the latest generate() call (a batch: all rows)
         self.last_row_stats: list = []  # one DecodeStats per row of that call
         self.history = History(config) if config.history_tokens > 0 else None
-        # verify_cost=None: one cost model per speculator (a model on a device), shared by its
-        # calls and refined by their forward timings.
-        self.cost_model = OnlineCost() if config.verify_cost is None else None
+        # One cost model per speculator (a model on a device), shared by its calls; with
+        # verify_cost=None it starts from the CPU prior and learns from their forward timings.
+        self.cost_model = OnlineCost() if config.verify_cost is None else fixed_cost_model(config)
         # Acceptance evidence pooled over this speculator's requests (ngramspec.acceptance).
         self.pool = new_evidence()
         warm_up()

@@ -32,25 +32,24 @@ per request from its acceptance and the engine's step cost, for all rows of a st
 runs: the time from the end of one ``propose()`` to the start of the next is one engine step
 over a known number of scheduled tokens and rows, and
 :meth:`~ngramspec.costmodel.OnlineCost.observe_step` fits how much dearer (or cheaper) extra
-positions are than the prior (:class:`StepCost`) says. The prior is this project's CPU
+positions are than the prior (a :class:`~ngramspec.costs.CostPrior`) says. The prior is this project's CPU
 measurement, or ``verify_cost=...`` in the settings, or a file measured with ``python -m
 eval.vllm_cost --out cost.json`` and named by ``NGRAMSPEC_VLLM_COST``; none is required.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
 from .config import SpeculatorConfig, parse_settings
 from .costmodel import OnlineCost, line_scale
+from .costs import CostPrior
 from .sessions import ACTIVE, LENGTH, STAMP, VERIFIED, SessionTable, draft_rows
 from .sizing import draft_lengths
 from .speculator import NgramSpeculator
@@ -68,78 +67,15 @@ HISTORY_TOKENS = 100_000
 # (``python -m eval.vllm_cost``, eval/results/vllm_cost/). vLLM flattens the batch (no
 # padding), so a step costs by its total token count, and by its request count (attention over
 # each request's context, per-request bookkeeping).
-VLLM_CPU_COST = (
-    (1, ((1, 1.0), (2, 1.017), (3, 1.033), (4, 1.023), (6, 1.105), (8, 1.209), (12, 1.354), (16, 1.512),
-         (24, 1.762), (32, 2.053))),
-    (4, ((4, 1.254), (8, 1.421), (12, 1.6), (16, 1.738), (24, 2.002), (32, 2.289), (48, 2.77), (64, 3.389),
-         (96, 4.396), (128, 5.485))),
-    (16, ((16, 2.367), (32, 3.379), (48, 4.177), (64, 4.658), (96, 5.918), (128, 7.061), (192, 9.573),
-          (256, 12.204), (384, 17.485), (512, 22.151))),
-)
+VLLM_CPU_PRIOR = CostPrior((
+    (1, 500, ((1, 1.0), (2, 1.017), (3, 1.033), (4, 1.023), (6, 1.105), (8, 1.209), (12, 1.354), (16, 1.512),
+              (24, 1.762), (32, 2.053))),
+    (4, 500, ((4, 1.254), (8, 1.421), (12, 1.6), (16, 1.738), (24, 2.002), (32, 2.289), (48, 2.77), (64, 3.389),
+              (96, 4.396), (128, 5.485))),
+    (16, 500, ((16, 2.367), (32, 3.379), (48, 4.177), (64, 4.658), (96, 5.918), (128, 7.061), (192, 9.573),
+               (256, 12.204), (384, 17.485), (512, 22.151))),
+))
 COST_FILE_ENV = "NGRAMSPEC_VLLM_COST"
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """``cost(tokens, rows)`` of one engine step, from curves measured at a few request counts:
-    ``curves = ((rows, ((tokens, cost), ...)), ...)``. Within a curve, linear in tokens (flat
-    below its first point, continuing its last slope above its last); across curves, linear in
-    the request count (continuing the last two curves' difference above the largest count)."""
-
-    curves: tuple
-
-    def __post_init__(self) -> None:
-        curves = tuple(sorted((int(r), tuple((int(n), float(c)) for n, c in points)) for r, points in self.curves))
-        if not curves or any(len(points) < 2 for _, points in curves):
-            raise ValueError("StepCost needs at least one curve of two or more (tokens, cost) points.")
-        object.__setattr__(self, "curves", curves)
-        object.__setattr__(self, "_tables", {})  # rows -> relative cost by total tokens
-
-    @classmethod
-    def from_file(cls, path: str) -> StepCost:
-        """The JSON ``python -m eval.vllm_cost --out PATH`` writes."""
-        with open(path, encoding="utf-8") as handle:
-            saved = json.load(handle)
-        return cls(tuple((int(r), tuple(map(tuple, points))) for r, points in saved["curves"].items()))
-
-    @staticmethod
-    def _along(points: tuple, tokens):
-        ns, cs = zip(*points)
-        slope = (cs[-1] - cs[-2]) / (ns[-1] - ns[-2])
-        tokens = np.asarray(tokens)
-        return np.where(tokens <= ns[-1], np.interp(tokens, ns, cs), cs[-1] + slope * (tokens - ns[-1]))
-
-    def __call__(self, tokens, rows: int = 1):
-        """The cost of a step over ``tokens`` (an int, or an array of candidate totals: one call
-        prices every total a step could schedule) for ``rows`` requests."""
-        if np.ndim(tokens) == 0:
-            return float(self._cost(np.array([tokens]), rows)[0])
-        return self._cost(np.asarray(tokens), rows)
-
-    def relative(self, tokens, context: int, rows: int):
-        """The prior of :class:`~ngramspec.costmodel.OnlineCost`: relative to a plain step of
-        ``rows`` requests (``rows`` tokens); ``tokens`` an int or an array. (Measured at one
-        context length: ``context`` is not used.) Read from a table per request count, built
-        once: an engine asks every step."""
-        table = self._tables.get(rows)
-        scalar = isinstance(tokens, (int, np.integer))
-        top = int(tokens) if scalar else int(np.max(tokens)) if np.size(tokens) else 0
-        if table is None or top >= table.shape[0]:
-            size = max(top + 1, 17 * rows + 1, 2 * (0 if table is None else table.shape[0]))
-            table = self._cost(np.arange(size), rows) / float(self._cost(np.array([rows]), rows)[0])
-            if len(self._tables) > 1024:
-                self._tables.clear()
-            self._tables[rows] = table
-        return float(table[tokens]) if scalar or not np.ndim(tokens) else table[tokens]
-
-    def _cost(self, tokens: np.ndarray, rows: int) -> np.ndarray:
-        if len(self.curves) == 1:
-            return self._along(self.curves[0][1], tokens)
-        counts = [r for r, _ in self.curves]
-        upper = min(max(int(np.searchsorted(counts, rows)), 1), len(counts) - 1)
-        (r0, p0), (r1, p1) = self.curves[upper - 1], self.curves[upper]
-        c0, c1 = self._along(p0, tokens), self._along(p1, tokens)
-        return c0 + (max(rows, r0) - r0) / (r1 - r0) * (c1 - c0)
 
 
 # Spot checks that a row still holds a session's request: its first HEAD tokens, the last
@@ -316,18 +252,18 @@ class Proposer:
         # 2-core CPU. Whichever it is, the engine's own steps correct it (OnlineCost.observe_step).
         device = getattr(getattr(vllm_config, "device_config", None), "device_type", "cpu")
         if os.environ.get(COST_FILE_ENV):
-            self.step_cost = StepCost.from_file(os.environ[COST_FILE_ENV])
+            self.prior = CostPrior.from_file(os.environ[COST_FILE_ENV])
         elif config.verify_cost is not None:
-            self.step_cost = StepCost(((1, config.verify_cost),))
+            self.prior = CostPrior.fixed(config.verify_cost)
         else:
-            self.step_cost = StepCost(VLLM_CPU_COST)
+            self.prior = VLLM_CPU_PRIOR
             if device != "cpu":
                 logger.warning(
                     "ngramspec starts from a step cost measured on a 2-core CPU, but this engine runs on %s: "
                     "until it has timed ~%d steps of its own, drafts are sized for the CPU. To start from a "
                     "measured cost, run `python -m eval.vllm_cost --out cost.json` once and set %s=cost.json.",
                     device, OnlineCost.MIN_STEPS, COST_FILE_ENV)
-        self.cost = OnlineCost(prior=self.step_cost)
+        self.cost = OnlineCost(prior=self.prior)
         self.speculator = NgramSpeculator(config)
         self.sessions = RowSessions(self.speculator, max_idle=max(64, 2 * _max_num_seqs(vllm_config)))
         self._allocate(max(_max_num_seqs(vllm_config), 1))
@@ -352,7 +288,7 @@ class Proposer:
         saved = dict(vars(self))  # every attribute as it is: the scratch steps leave no trace
         pool = self.speculator.pool.copy()  # nor any evidence in the speculator's pool
         try:
-            self.sessions, self.cost = RowSessions(self.speculator), OnlineCost(prior=self.step_cost)
+            self.sessions, self.cost = RowSessions(self.speculator), OnlineCost(prior=self.prior)
             row = np.tile(np.arange(HEAD, dtype=np.int32), 4)[None, :]
             for end in (3 * HEAD, 3 * HEAD + 2):
                 self._propose([[1]], np.array([end]), row)

@@ -49,12 +49,16 @@ def test_config_is_frozen_and_overridable():
         NgramSpeculator({"max_n": 3})
 
 
-def test_verify_cost_table_interpolates():
-    config = SpeculatorConfig(max_draft_tokens=4, max_tree_tokens=4, verify_cost=((1, 1.0), (3, 2.0)))
+def test_a_fixed_verify_cost_is_the_speculators_cost_model_and_never_learns():
+    spec = NgramSpeculator(max_draft_tokens=4, max_tree_tokens=4, verify_cost=((1, 1.0), (3, 2.0)))
     # linear in between, then proportional to tokens (compute-bound) past the last point
-    assert config.verify_costs().tolist() == [0.0, 1.0, 1.5, 2.0, 2.0 * 4 / 3, 2.0 * 5 / 3]
-    assert len(SpeculatorConfig(max_draft_tokens=4, max_tree_tokens=9).verify_costs()) == 11  # trees too
-    assert config.forward_cost(30) == 20.0 and config.forward_cost(0) == 0.0
+    assert spec.cost_model.table(500, 5).tolist() == [0.0, 1.0, 1.5, 2.0, 2.0 * 4 / 3, 2.0 * 5 / 3]
+    assert spec.cost_model(30, 100_000) == 20.0 and spec.cost_model(0, 500) == 0.0  # at any context
+    spec.cost_model.observe(2, 500, 1.0)
+    spec.cost_model.observe_step(8, 500, 1, 1.0)
+    assert spec.cost_model.observations == spec.cost_model.steps_observed == 0 and not spec.cost_model.learn
+    assert not spec.cost_model.needs_baseline(500)  # so no plain step is forced to measure one
+    assert NgramSpeculator().cost_model.learn  # verify_cost=None: the online model
 
 
 def test_overrides_from_text():

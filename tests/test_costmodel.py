@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ngramspec import NgramSpeculator
-from ngramspec.costmodel import ContextCurves, ForwardTimer, OnlineCost, line_scale, line_scale_reference
-from ngramspec.costs import CostCurve
+from ngramspec.costmodel import ForwardTimer, OnlineCost, line_scale, line_scale_reference
+from ngramspec.costs import CostCurve, CostPrior
 from ngramspec.decode import Options, StopRule, speculative_decode
 
 from test_decode import FakeTarget, plain
@@ -19,10 +19,12 @@ HIGH = CostCurve(((1, 1.0), (16, 4.0)))
 
 
 def test_prior_interpolates_in_log_context_and_holds_outside():
-    prior = ContextCurves(((100, LOW), (10_000, HIGH)))
-    assert prior(16, 50) == 2.0 and prior(16, 100) == 2.0 and prior(16, 20_000) == 4.0
-    assert prior(16, 1000) == pytest.approx(3.0)  # halfway in log(context)
-    assert prior(1, 1000) == 1.0
+    prior = CostPrior(((1, 100, LOW.points), (1, 10_000, HIGH.points)))
+    assert prior.relative(16, 50) == 2.0 and prior.relative(16, 100) == 2.0 and prior.relative(16, 20_000) == 4.0
+    assert prior.relative(16, 1000) == pytest.approx(3.0)  # halfway in log(context)
+    assert prior.relative(1, 1000) == 1.0
+    # A batch of 4 rows x 4 positions (16 tokens) against its plain step (4 tokens)
+    assert prior.relative(16, 100, rows=4) == pytest.approx(2.0 / LOW(4))
 
 
 def scripted(tokens: int, context: int) -> float:
@@ -31,7 +33,7 @@ def scripted(tokens: int, context: int) -> float:
 
 
 def test_online_estimate_converges_to_the_scripted_curve():
-    model = OnlineCost(ContextCurves(((100, LOW),)))
+    model = OnlineCost(CostPrior(((1, 100, LOW.points),)))
     assert model(8, 3000) == pytest.approx(LOW(8))  # nothing measured: the prior
     for _ in range(5):
         for q in (1, 4, 13):
@@ -47,7 +49,7 @@ def test_online_estimate_converges_to_the_scripted_curve():
 
 
 def test_one_slow_step_does_not_swing_the_estimate():
-    model = OnlineCost(ContextCurves(((100, LOW),)))
+    model = OnlineCost(CostPrior(((1, 100, LOW.points),)))
     for _ in range(6):
         model.observe(1, 500, 0.010)
         model.observe(8, 500, 0.015)
@@ -57,7 +59,7 @@ def test_one_slow_step_does_not_swing_the_estimate():
 
 
 def test_table_follows_new_timings():
-    model = OnlineCost(ContextCurves(((100, LOW),)))
+    model = OnlineCost(CostPrior(((1, 100, LOW.points),)))
     for _ in range(3):
         model.observe(1, 500, 0.010)
         model.observe(4, 500, 0.020)
@@ -71,7 +73,7 @@ def test_a_stale_estimate_heals_once_plain_steps_show_the_load_has_changed():
     """A slow patch inflated the 8-token cell and drafting stopped: plain steps at the normal
     speed must bring the estimate back to the prior (here and in the context next to it), so
     drafting is tried again; steady drafting keeps its measurements."""
-    model = OnlineCost(ContextCurves(((100, LOW),)))
+    model = OnlineCost(CostPrior(((1, 100, LOW.points),)))
     for _ in range(OnlineCost.WINDOW):
         model.observe(1, 500, 0.030)  # everything slow during the patch
         model.observe(8, 500, 0.120)
@@ -84,7 +86,7 @@ def test_a_stale_estimate_heals_once_plain_steps_show_the_load_has_changed():
     model.observe(8, 500, 0.013)  # drafting tried again: its first timing counts at once
     assert model(8, 500) == pytest.approx(1.3)
 
-    steady = OnlineCost(ContextCurves(((100, LOW),)))
+    steady = OnlineCost(CostPrior(((1, 100, LOW.points),)))
     for _ in range(3):
         steady.observe(1, 500, 0.010)
     for _ in range(100):
@@ -96,7 +98,7 @@ def test_a_neighbouring_context_does_not_keep_a_stale_estimate_alive():
     """The request left context 800 during a slow patch (that bucket is never re-timed); at
     1100 the patch ends and plain steps refresh the baseline: neither the dropped cell nor the
     neighbour's equally old one may speak for 1100 any more."""
-    model = OnlineCost(ContextCurves(((100, LOW),)))
+    model = OnlineCost(CostPrior(((1, 100, LOW.points),)))
     for _ in range(OnlineCost.WINDOW):
         model.observe(1, 800, 0.030)
     for _ in range(3):
@@ -114,14 +116,15 @@ def test_cells_added_while_a_scale_is_computed_do_not_break_it():
     this one computes the excess scale (it iterates over the cells). Simulated deterministically:
     the prior, called inside that computation, observes a new cell."""
     model = OnlineCost()
+    low = CostPrior(((1, 100, LOW.points),))
 
     class Meddling:
         def relative(self, tokens, context, rows=1):
-            model.observe(tokens + 100, context, 0.02)  # what another thread would do meanwhile
-            return LOW(tokens)
+            model.observe(100 + model.observations, context, 0.02)  # what another thread would do meanwhile
+            return low.relative(tokens, context, rows)
 
     model.prior = Meddling()
-    for q in (1, 4, 6):
+    for q in (1, 4):  # one drafted size: no line through measured sizes, so the prior is read
         for _ in range(3):
             model.observe(q, 500, 0.010 * (1 + q / 10))
     assert model(5, 500) > 1 and model.table(500, 8)[8] > 1
@@ -164,7 +167,7 @@ def decode_with_clock(seconds, max_new=200, seed=0):
 def test_drafts_where_extra_positions_are_cheap():
     stats, model, context = decode_with_clock(lambda q, ctx: 0.010 + 0.0002 * q)
     assert stats.accepted_tokens > 60 and stats.mat > 1.8
-    assert model(13, context + 100) < 1.3 < model.prior(13, context + 100)  # cheaper than the prior said
+    assert model(13, context + 100) < 1.3 < model.prior.relative(13, context + 100)  # cheaper than the prior said
 
 
 def test_declines_where_every_position_costs_a_full_forward():
@@ -235,7 +238,7 @@ def test_a_batch_learns_its_costs_from_its_own_plain_steps():
     """Costs relative to a plain step of the same rows: a batch never runs a one-token
     forward, so it measures against its own plain steps (a marginal draft gives way to one
     where none was timed yet)."""
-    model = OnlineCost(ContextCurves(((100, LOW),)))
+    model = OnlineCost(CostPrior(((1, 100, LOW.points),)))
     assert model(12, 500, rows=4) == pytest.approx(LOW(12) / LOW(4))  # nothing measured: the prior, per plain step
     for _ in range(3):
         model.observe(4, 500, 0.040, rows=4)  # plain steps of 4 rows

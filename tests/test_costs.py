@@ -71,10 +71,10 @@ def test_parse_reads_command_line_curves_and_names_the_format_on_error():
 
 def test_the_config_and_replay_price_forwards_with_the_same_curve_object():
     config = SpeculatorConfig(verify_cost=((1, 1.0), (3, 2.0)))
-    assert config.cost_curve == costs.CostCurve(((1, 1.0), (3, 2.0)))
-    assert [config.forward_cost(q) for q in (0, 2, 30)] == [config.cost_curve(q) for q in (0, 2, 30)]
+    curve, model = costs.CostCurve(config.verify_cost), NgramSpeculator(config).cost_model
+    assert [model(q, 500) for q in (0, 2, 30)] == [curve(q) for q in (0, 2, 30)]
     assert SpeculatorConfig().verify_cost is None  # auto: the online cost model sizes drafts
-    assert SpeculatorConfig().cost_curve == costs.DEFAULT_CPU_CURVE
+    assert costs.CPU_PRIOR.curves[0][2] == costs.DEFAULT_CPU_CURVE.points  # its prior's first curve
     assert costs.DEFAULT_CPU_CURVE.points == CPU_VERIFY_COST
     assert ForwardCost is costs.CostCurve
     # With no curve, replay prices forwards by the steep curve: the prefill (1) plus one step

@@ -84,7 +84,7 @@ def run(prompts, max_length, target=None, trees=False, eos=EOS, **settings):
     sessions = [spec.start(p) for p in prompts]
     target = target or FakeTarget(len(prompts))
     options = Options(stop=StopRule(max_length=max_length, eos_token_ids=frozenset({eos})),
-                      trees=trees, forward_cost=lambda n, context, rows: spec.config.forward_cost(n))
+                      trees=trees, forward_cost=spec.cost_model)
     padded = None if all(len(p) == width for p in prompts) else mask
     result = speculative_decode(ids, padded, positions, sessions, target, options)
     new = [result.sequences[b, width:].tolist()[: result.stats[b].new_tokens] for b in range(len(prompts))]

@@ -294,6 +294,11 @@ def test_bench_long_prompts_decode_phase_and_settings_side_by_side(tiny_model_di
         row = rows[("overall", name)]
         assert row["decode_tok_s"] > row["tok_s"] and row["min_item_x_greedy"] <= row["x_greedy"] + 1e-9
     assert "decode-phase x greedy" in stdout
+    # Per item, the default against the variant: the two items' ratios, worst first.
+    (pair,) = json.loads((tmp_path / "bench" / "bench.json").read_text())["paired"]
+    assert (pair["method"], pair["other"], pair["batches"]) == ("ngramspec", "ngramspec:verify_cost=1:1.0,8:1.5", 2)
+    assert 0 < pair["worst"] <= pair["median"] and 0 <= pair["at_least_level"] <= pair["at_least_095"] <= 2
+    assert "| 1 | ngramspec | ngramspec:verify_cost=1:1.0,8:1.5 | 2 |" in stdout
 
 
 @pytest.mark.parametrize("module, argv", [("eval.vllm_bench", ["--concurrency", "1,x"]),

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from numba import types
 
 from ngramspec.costmodel import line_scale
+from ngramspec.costs import CostPrior
 from ngramspec.sessions import ACTIVE
 from ngramspec.vllm import (
-    VLLM_CPU_COST,
+    VLLM_CPU_PRIOR,
     Proposer,
     RowSessions,
-    StepCost,
     check_rows,
     propose_rows,
     spot_check,
@@ -238,10 +238,10 @@ def test_settings_from_the_environment(monkeypatch):
 
 def test_verify_cost_settles_the_prior_and_auto_is_the_built_in_one(monkeypatch):
     monkeypatch.setenv("NGRAMSPEC_SETTINGS", "verify_cost=auto")
-    assert Proposer(vllm_config(k=8)).step_cost == StepCost(VLLM_CPU_COST)  # it failed at start before
+    assert Proposer(vllm_config(k=8)).prior == VLLM_CPU_PRIOR  # it failed at start before
     monkeypatch.setenv("NGRAMSPEC_SETTINGS", "verify_cost=1:1.0,8:1.5")
     proposer = Proposer(vllm_config(k=8))
-    assert proposer.step_cost(8, 1) == 1.5 and proposer.cost.prior is proposer.step_cost
+    assert proposer.prior.relative(8, 500) == 1.5 and proposer.cost.prior is proposer.prior
 
 
 def test_no_draft_past_the_model_length():
@@ -251,19 +251,23 @@ def test_no_draft_past_the_model_length():
     assert len(drafts[0]) <= 70 - 60 - 1
 
 
-def test_step_cost_interpolates_tokens_and_requests(tmp_path):
-    cost = StepCost(((1, ((1, 1.0), (9, 2.0))), (5, ((5, 2.0), (21, 4.0)))))
-    assert cost(1, 1) == 1.0
-    assert cost(5, 1) == 1.5  # linear in tokens
-    assert cost(17, 1) == 3.0  # past the last point: the last slope continues
-    assert cost(5, 5) == 2.0
-    assert cost(5, 3) == pytest.approx((1.5 + 2.0) / 2)  # halfway between the request counts
-    assert cost(21, 9) == pytest.approx(4.0 + (4.0 - 3.5))  # past 5 requests: the difference continues
-    path = tmp_path / "cost.json"
+def test_the_prior_interpolates_tokens_and_requests_and_reads_cost_files(tmp_path):
+    prior = CostPrior(((1, 500, ((1, 1.0), (9, 2.0))), (5, 500, ((5, 2.0), (21, 4.0)))))
+    assert prior.cost(1, 500, 1) == 1.0
+    assert prior.cost(5, 500, 1) == 1.5  # linear in tokens
+    assert prior.cost(18, 500, 1) == 4.0  # past the last point: in proportion to tokens
+    assert prior.cost(5, 500, 5) == 2.0 and prior.relative(21, 500, 5) == 2.0  # against 5 rows' plain step
+    assert prior.cost(5, 500, 3) == pytest.approx((1.5 + 2.0) / 2)  # halfway between the request counts
+    one, five = 2.0 * 21 / 9, 4.0
+    assert prior.cost(21, 500, 9) == pytest.approx(five + (five - one))  # past 5 requests: the difference continues
+    path = tmp_path / "cost.json"  # what eval.vllm_cost writes (one context)
     path.write_text('{"curves": {"1": [[1, 1.0], [9, 2.0]], "5": [[5, 2.0], [21, 4.0]]}}')
-    assert StepCost.from_file(str(path)) == cost
+    assert CostPrior.from_file(str(path)).relative(21, 10_000, 5) == 2.0
+    path.write_text(prior.to_json())
+    assert CostPrior.from_file(str(path)) == prior
+    assert prior.scaled(2.0).cost(9, 500) == 3.0  # excess cost doubled: a prior 2x wrong
     with pytest.raises(ValueError, match="two or more"):
-        StepCost(((1, ((1, 1.0),)),))
+        CostPrior(((1, 500, ((1, 1.0),)),))
 
 
 def test_the_cost_file_from_the_environment_sizes_drafts(monkeypatch, tmp_path):
@@ -271,7 +275,7 @@ def test_the_cost_file_from_the_environment_sizes_drafts(monkeypatch, tmp_path):
     path.write_text('{"curves": {"1": [[1, 1.0], [2, 2.0], [32, 32.0]]}}')  # every position costs a token
     monkeypatch.setenv("NGRAMSPEC_VLLM_COST", str(path))
     proposer = Proposer(vllm_config(k=8))
-    assert proposer.step_cost(16, 1) == 16.0
+    assert proposer.prior.relative(16, 500) == 16.0
     prompt = np.tile(np.arange(200, 210, dtype=np.int32), 6)
     drafts = proposer.propose([[int(prompt[-1])]], np.array([60]), prompt[None, :].copy())
     assert drafts == [[]]  # no draft pays when verifying costs as much as decoding
@@ -345,7 +349,7 @@ class TimedEngine(FakeEngine):
         if rows:
             scheduled = sum(1 + len(req["draft"]) for req in self.rows)
             context = int(np.mean(self.count[:rows]))
-            excess = self.proposer.step_cost.relative(scheduled, context, rows) - 1
+            excess = self.proposer.prior.relative(scheduled, context, rows) - 1
             seconds = 0.010 * (1 + self.true_scale * excess) * self.noise.uniform(0.9, 1.1)
             self.now += seconds * (10 if self.steps in self.slow else 1)  # a noisy neighbour
         self.steps += 1
