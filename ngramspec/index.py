@@ -185,28 +185,32 @@ def _probe(tokens, key, n, h, slots):
 @njit(cache=True)
 def index_find(tokens, key, min_n, max_n, prefer_recent, slots):
     """Longest n in [min_n, max_n] whose last n tokens of ``key`` (1-D int32) occurred in the
-    indexed stream. Returns ``(n, start)``: the match length and the position where the
-    continuation of the chosen earlier occurrence starts; ``(0, -1)`` when none did.
-    ``key`` may be the stream itself (see :func:`index_longest_match`) or another request's
-    text (a shared history answers such queries in O(max_n^2), whatever its size)."""
+    indexed stream. Returns ``(n, start, other)``: the match length, the position where the
+    continuation of the chosen earlier occurrence starts, and that of the other one kept (the
+    earliest where the latest is chosen, and the reverse; ``start`` itself where the n-gram
+    occurred once); ``(0, -1, -1)`` when none did. ``key`` may be the stream itself (see
+    :func:`index_longest_match`) or another request's text (a shared history answers such
+    queries in O(max_n^2), whatever its size)."""
     top = min(max_n, key.shape[0])
     hashes = _suffix_hashes(key, top)
     for n in range(top, min_n - 1, -1):
         slot = _probe(tokens, key, n, hashes[n], slots)
         if slot != EMPTY:
-            found = _last(slot) if prefer_recent else _first(slot)
-            return n, found + 1
-    return 0, -1
+            if prefer_recent:
+                return n, _last(slot) + 1, _first(slot) + 1
+            return n, _first(slot) + 1, _last(slot) + 1
+    return 0, -1, -1
 
 
 @njit(cache=True)
 def index_longest_match(tokens, length, min_n, max_n, prefer_recent, slots):
     """Longest suffix of ``tokens[:length]`` (n in [min_n, max_n]) that occurred earlier.
 
-    Returns ``(n, start)``: the match length and the position where the continuation of the
-    chosen earlier occurrence starts (``tokens[start]`` followed the n-gram there);
-    ``(0, -1)`` when no suffix of at least ``min_n`` tokens occurred before. (The suffix itself
-    is never indexed yet, since its next token does not exist: no self-match.)
+    Returns ``(n, start, other)``: the match length, the position where the continuation of
+    the chosen earlier occurrence starts (``tokens[start]`` followed the n-gram there) and that
+    of the other occurrence kept (:func:`index_find`); ``(0, -1, -1)`` when no suffix of at
+    least ``min_n`` tokens occurred before. (The suffix itself is never indexed yet, since its
+    next token does not exist: no self-match.)
     """
     return index_find(tokens, tokens[:length], min_n, max_n, prefer_recent, slots)
 
@@ -284,11 +288,17 @@ class NgramIndex:
 
     def longest_match(self) -> tuple[int, int]:
         """``(match_len, continuation_start)`` for the current suffix; ``(0, -1)`` if none."""
+        return self.longest_match_occurrences()[:2]
+
+    def longest_match_occurrences(self) -> tuple[int, int, int]:
+        """``(match_len, continuation_start, other_start)``: :meth:`longest_match` and where the
+        other kept occurrence (earliest or latest) of that suffix continues, equal to
+        ``continuation_start`` where it occurred once; ``(0, -1, -1)`` if none."""
         if self.length == 0:
-            return 0, -1
-        n, start = index_longest_match(self.tokens, self.length, self.min_n, self.max_n, self.prefer_recent,
-                                       self.slots)
-        return int(n), int(start)
+            return 0, -1, -1
+        n, start, other = index_longest_match(self.tokens, self.length, self.min_n, self.max_n,
+                                              self.prefer_recent, self.slots)
+        return int(n), int(start), int(other)
 
     def find(self, key: np.ndarray) -> tuple[int, int]:
         """``(n, continuation_start)`` for the longest suffix of ``key`` (1-D ints) that occurs
@@ -296,7 +306,7 @@ class NgramIndex:
         key = np.ascontiguousarray(key, dtype=np.int32)
         if self.length == 0 or key.shape[0] == 0:
             return 0, -1
-        n, start = index_find(self.tokens, key, self.min_n, self.max_n, self.prefer_recent, self.slots)
+        n, start, _ = index_find(self.tokens, key, self.min_n, self.max_n, self.prefer_recent, self.slots)
         return int(n), int(start)
 
     def matches(self) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit, types
 from numba.typed import List
 
-from .acceptance import HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
+from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
 from .history import SEPARATOR
 from .index import index_extend, index_find
 from .speculator import FUZZY_AHEAD, FUZZY_BELOW_N, FUZZY_CONTEXT, FUZZY_WINDOW
@@ -35,7 +35,7 @@ from .speculator import FUZZY_AHEAD, FUZZY_BELOW_N, FUZZY_CONTEXT, FUZZY_WINDOW
 # Columns of ``state`` (int64, one row per slot).
 # VERIFIED: how many tokens of its draft the next step verifies; ACTIVE: it ran in the step
 # that just finished; STAMP: the caller's mark of the step it last ran in; PENDING_SOURCE: the
-# pending draft's source (acceptance.OWN or HISTORY).
+# pending draft's source (acceptance.OWN, HISTORY or CONTESTED).
 LENGTH, USED, PROMPT, CURSOR, LOST_AT, LOST_SOURCE, PENDING_LEN, PENDING_MATCH, PENDING_START, VERIFIED, \
     ACTIVE, FINISHED, STAMP, PENDING_SOURCE = range(14)
 COLUMNS = 14
@@ -130,19 +130,20 @@ def _propose(s, limit, streams, tables, state, evidence, pool, pending, history,
     if limit <= 0:
         return 0
     stream, length = streams[s], state[s, LENGTH]
-    start, own, match = -1, True, 0
+    start, own, match, contested = -1, True, 0, False
     cursor = state[s, CURSOR]
     if copy_cursor and 0 <= cursor < length:
         start = cursor
     else:
-        n, found = index_find(stream, stream[:length], min_n, max_n, recent, tables[s])
+        n, found, other = index_find(stream, stream[:length], min_n, max_n, recent, tables[s])
         if fuzzy and n < FUZZY_BELOW_N:
             start = _realign(stream, length, state[s, LOST_AT], state[s, LOST_SOURCE])
         if start < 0 and n > 0:
             start = found
+            contested = stream[found] != stream[other]  # (both continue before the stream's end)
         if start < 0 and history_length > 0:
-            n, found = index_find(history, stream[max(0, length - max_n) : length], min_n, max_n, True,
-                                  history_slots)
+            n, found, _ = index_find(history, stream[max(0, length - max_n) : length], min_n, max_n, True,
+                                     history_slots)
             if n > 0 and found < history_length and history[found] != SEPARATOR:
                 start, own, match = found, False, n
     if start < 0:
@@ -159,7 +160,7 @@ def _propose(s, limit, streams, tables, state, evidence, pool, pending, history,
             drafted += 1
     if own:
         match = match_length(stream, length, start)
-    source = OWN if own else HISTORY
+    source = HISTORY if not own else CONTESTED if contested else OWN
     position_acceptance(evidence[s], pool, prior, source, match, estimates[:drafted])
     pending[s, :drafted] = out[:drafted]
     state[s, PENDING_LEN] = drafted
@@ -179,7 +180,8 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
 
     token_ids (R, L) int32: every row's text, as vLLM keeps it; rows, ends, slots, limits (A,)
     int64; drafts (A, >= limits.max()) int32, lengths (A,) int64, acceptance (A, >= limits.max())
-    float64; evidence (slots, 3, 2 * BUCKETS), pool (3, 2 * BUCKETS) float64 (acceptance.new_evidence)."""
+    float64; evidence (slots, 3, SOURCES * BUCKETS), pool (3, SOURCES * BUCKETS) float64
+    (acceptance.new_evidence)."""
     for r in range(rows.shape[0]):
         s = slots[r]
         seen = state[s, LENGTH]
@@ -197,7 +199,7 @@ class SessionTable:
 
     def __init__(self, config, history=None, slots: int = 16, pool=None):
         self.config, self.history = config, history
-        self.pool = new_evidence() if pool is None else pool  # (3, 2 * BUCKETS), shared by every slot
+        self.pool = new_evidence() if pool is None else pool  # (3, SOURCES * BUCKETS), shared by every slot
         self.streams = List.empty_list(types.int32[::1])
         self.tables = List.empty_list(types.uint64[::1])
         self.state = np.zeros((0, COLUMNS), dtype=np.int64)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from .acceptance import HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
+from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
 from .acceptance import warm_up as warm_up_acceptance
 from .config import SpeculatorConfig
 from .costmodel import OnlineCost
@@ -87,6 +87,7 @@ class _Candidate:
     match_len: int
     source: np.ndarray  # the stream itself, or the shared history's tokens
     own: bool = True  # drawn from this request's stream (copies may run into the suffix)
+    contested: bool = False  # an index match whose earliest and latest occurrences continue differently
 
 
 class SpeculationSession:
@@ -155,7 +156,7 @@ class SpeculationSession:
         first = candidates[0]
         tokens = self._continuation(first, limit)
         match = match_length(self.index.tokens, self.index.length, first.start) if first.own else first.match_len
-        source = OWN if first.own else HISTORY
+        source = HISTORY if not first.own else CONTESTED if first.contested else OWN
         acceptance = np.zeros(len(tokens))
         position_acceptance(self._evidence, self._pool, self.config.acceptance_prior, source, match, acceptance)
         if sized and self.config.payoff_sizing:
@@ -181,8 +182,8 @@ class SpeculationSession:
                 return found
         recent = self.config.match == "recent"
         if wanted == 1:
-            n, start = self.index.longest_match()
-            matches = [(n, start, start)] if n else []
+            n, start, other = self.index.longest_match_occurrences()
+            matches = [(n, other, start) if recent else (n, start, other)] if n else []
         else:
             matches = self.index.matches().tolist()
         longest = matches[0][0] if matches else 0
@@ -191,9 +192,10 @@ class SpeculationSession:
             if start >= 0:
                 found.append(_Candidate(start, 0, stream))
         for n, earliest, latest in matches:
-            found.append(_Candidate(latest if recent else earliest, n, stream))
-            if earliest != latest:
-                found.append(_Candidate(earliest if recent else latest, n, stream))
+            contested = bool(stream[earliest] != stream[latest])
+            found.append(_Candidate(latest if recent else earliest, n, stream, contested=contested))
+            if earliest != latest and wanted > 1:
+                found.append(_Candidate(earliest if recent else latest, n, stream, contested=contested))
         if self._history is not None and not found:
             n, start = self._history.find(stream[max(0, length - self.config.max_n) : length])
             if n:

@@ -32,12 +32,16 @@ class ReferenceNgramIndex:
                     self.occurrences[key] = [end, end]
 
     def longest_match(self) -> tuple[int, int]:
+        return self.longest_match_occurrences()[:2]
+
+    def longest_match_occurrences(self) -> tuple[int, int, int]:
         for n in range(min(self.max_n, len(self.tokens)), self.min_n - 1, -1):
             key = tuple(self.tokens[len(self.tokens) - n :])
             if key in self.occurrences:
                 first, last = self.occurrences[key]
-                return n, (last if self.prefer_recent else first) + 1
-        return 0, -1
+                chosen, other = (last, first) if self.prefer_recent else (first, last)
+                return n, chosen + 1, other + 1
+        return 0, -1, -1
 
     def find(self, key) -> tuple[int, int]:
         key = [int(t) for t in key]

@@ -9,10 +9,13 @@ from hypothesis import strategies as st
 from ngramspec import NgramSpeculator
 from ngramspec.acceptance import (
     BUCKETS,
+    CONTESTED,
     HISTORY,
     MATCH_CAP,
     OWN,
     POOL_WINDOW,
+    REJECTED,
+    SOURCES,
     bucket,
     bucket_reference,
     fade,
@@ -26,10 +29,10 @@ from ngramspec.acceptance import (
     position_acceptance_reference,
 )
 
-counts = st.tuples(st.lists(st.floats(0.0, 5000.0), min_size=4 * BUCKETS, max_size=4 * BUCKETS),
-                   st.lists(st.floats(0.0, 1.0), min_size=2 * BUCKETS, max_size=2 * BUCKETS)).map(
-    lambda c: np.array(c[0] + c[1]).reshape(3, 2 * BUCKETS))  # accepted, rejected, doubt
-sources = st.sampled_from([OWN, HISTORY])
+counts = st.tuples(st.lists(st.floats(0.0, 5000.0), min_size=2 * SOURCES * BUCKETS, max_size=2 * SOURCES * BUCKETS),
+                   st.lists(st.floats(0.0, 1.0), min_size=SOURCES * BUCKETS, max_size=SOURCES * BUCKETS)).map(
+    lambda c: np.array(c[0] + c[1]).reshape(3, SOURCES * BUCKETS))  # accepted, rejected, doubt
+sources = st.sampled_from([OWN, HISTORY, CONTESTED])
 
 
 @settings(max_examples=200, deadline=None)
@@ -138,3 +141,16 @@ def test_requests_of_one_speculator_share_the_pool():
     second = spec.start(text)
     assert second.propose(max_tokens=2).acceptance[0] < 0.6
     assert NgramSpeculator(spec.config).start(text).propose(max_tokens=2).acceptance[0] == pytest.approx(2 / 3)
+
+
+def test_a_contested_match_learns_apart_from_an_uncontested_one():
+    """After "... 5 6 ... 5 8 ... 5" the text went two ways after "5" (the index's earliest and
+    latest occurrences continue 6 and 8): a copy from there is CONTESTED and is estimated from
+    that source's evidence; after "... 5 6 ... 5 6 ... 5" it is OWN."""
+    spec = NgramSpeculator(min_n=1, max_n=1, max_draft_tokens=3, payoff_sizing=False)
+    for c in range(CONTESTED * BUCKETS, (CONTESTED + 1) * BUCKETS):
+        spec.pool[REJECTED, c] = 100.0  # contested copies have always failed here
+    contested = spec.start([5, 6, 7, 5, 8, 9, 5]).propose()
+    uncontested = spec.start([5, 6, 7, 5, 6, 9, 5]).propose()
+    assert contested.tokens.tolist() == [8, 9, 5] and uncontested.tokens.tolist() == [6, 9, 5]
+    assert contested.acceptance[0] < 0.05 < 0.5 <= uncontested.acceptance[0]

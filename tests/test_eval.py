@@ -330,3 +330,24 @@ def test_vllm_bench_refuses_bad_rounds_and_prior_scale(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         vllm_bench.main(args)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_vllm_simulator_emits_every_trace_token_and_prices_drafts_by_the_true_cost():
+    """The engine loop offline: every method emits exactly each trace's tokens (rows come, go
+    and move as requests finish); on copy-heavy traces ngramspec needs less step cost than no
+    drafting, and a drafter with no drafts costs the same as none."""
+    from eval.vllm_sim import simulate
+    from ngramspec.vllm import VLLM_CPU_PRIOR
+
+    rng = np.random.default_rng(0)
+    traces = []
+    for i in range(6):  # outputs copy their prompts, with different lengths so rows move
+        prompt = rng.integers(100 + 50 * i, 150 + 50 * i, 60).tolist()
+        traces.append({"prompt_ids": prompt, "output_ids": (prompt * 2)[: 30 + 7 * i]})
+    total = sum(len(t["output_ids"]) for t in traces)
+    none = simulate(traces, "none", 4, VLLM_CPU_PRIOR)
+    spec = simulate(traces, "ngramspec", 4, VLLM_CPU_PRIOR, prior_scale=2.0)
+    never = simulate(traces, "vllm-rule:k=0", 4, VLLM_CPU_PRIOR)  # never drafts
+    assert none["tokens"] == spec["tokens"] == never["tokens"] == total
+    assert none["drafted"] == never["drafted"] == 0 and never["cost"] == none["cost"]
+    assert spec["accepted"] > 0.5 * total and spec["cost"] < 0.6 * none["cost"]

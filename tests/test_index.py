@@ -28,6 +28,7 @@ def test_index_matches_reference(min_n, extra_n, prefer_recent, vocab, chunks, c
         fast.append(tokens)
         slow.append(tokens)
         assert fast.longest_match() == slow.longest_match()
+        assert fast.longest_match_occurrences() == slow.longest_match_occurrences()
         assert fast.matches().tolist() == slow.matches().tolist()
         query = np.array([t % vocab for t in key], dtype=np.int32)
         assert fast.find(query) == slow.find(query)  # another sequence's suffix (history lookups)
