@@ -248,10 +248,15 @@ def main(argv=None) -> int:
                     job_path.write_text(json.dumps(job))
                     print(f"[{group}] round {round_index + 1}/{args.rounds}: {method} at concurrency {concurrency}: "
                           f"{len(group_items)} items ...", file=sys.stderr, flush=True)
+                    stats = out / f"proposer-{group}-{method}-c{concurrency}-r{round_index}.json"
                     subprocess.run([sys.executable, "-m", "eval.vllm_bench", "--worker", str(job_path)], cwd=ROOT,
-                                   env=env, check=True,
+                                   env=dict(env, NGRAMSPEC_VLLM_STATS=str(stats)), check=True,
                                    stdout=subprocess.DEVNULL if not os.environ.get("VERBOSE") else None)
                     runs[(concurrency, method)] = json.loads(Path(job["result"]).read_text())
+                    if stats.is_file():  # what ngramspec's proposer learned (ngramspec.vllm.STATS_FILE_ENV)
+                        runs[(concurrency, method)]["proposer"] = json.loads(stats.read_text())
+                        Path(job["result"]).write_text(json.dumps(runs[(concurrency, method)]))
+                        stats.unlink()
                     job_path.unlink()
             rounds.append(runs)
         runs = median_runs(rounds)

@@ -39,6 +39,7 @@ eval.vllm_cost --out cost.json`` and named by ``NGRAMSPEC_VLLM_COST``; none is r
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -76,6 +77,11 @@ VLLM_CPU_PRIOR = CostPrior((
                (256, 12.204), (384, 17.485), (512, 22.151))),
 ))
 COST_FILE_ENV = "NGRAMSPEC_VLLM_COST"
+# A JSON file the proposer rewrites every STATS_EVERY steps (and never otherwise): steps,
+# drafted tokens, failures and the learned step-cost scale per row count, to see what an engine
+# taught it (the proposer runs inside vLLM's worker process, out of the caller's reach).
+STATS_FILE_ENV = "NGRAMSPEC_VLLM_STATS"
+STATS_EVERY = 64
 
 
 # Spot checks that a row still holds a session's request: its first HEAD tokens, the last
@@ -269,6 +275,7 @@ class Proposer:
         self._allocate(max(_max_num_seqs(vllm_config), 1))
         self.steps = 0
         self.drafted_tokens = 0
+        self._stats_path = os.environ.get(STATS_FILE_ENV, "")
         self.failures = 0  # steps that raised: drafting restarted, the engine kept going
         self._failed_in_a_row = 0
         self._paused = 0  # steps left to skip after repeated failures
@@ -371,8 +378,21 @@ class Proposer:
         self._last_drafted = len(kept)
         self.steps += 1
         self.drafted_tokens += len(kept)
+        if self._stats_path and self.steps % STATS_EVERY == 0:
+            self.write_stats(self._stats_path)
         self._last_end = self.clock()
         return drafts
+
+    def write_stats(self, path: str) -> None:
+        """Steps, drafted tokens, failures and the learned excess-cost scale of the engine's
+        steps (1: as the prior says; None: not measured) per row count seen, as JSON."""
+        from .files import write_atomic
+
+        rows = sorted({OnlineCost.context_of(b) // 64 for b in self.cost._steps})
+        stats = {"steps": self.steps, "drafted_tokens": self.drafted_tokens, "failures": self.failures,
+                 "steps_timed": self.cost.steps_observed,
+                 "step_scale": {str(r): self.cost.step_scale(max(r, 1)) for r in rows}}
+        write_atomic(path, json.dumps(stats))
 
     def _run(self, token_ids, ends, sampled, expected: int, check: bool):
         """:func:`propose_rows` over this step's rows (``expected`` of them), sized by the step

@@ -453,3 +453,20 @@ def test_the_warm_up_leaves_no_evidence_in_the_pool():
     it may reach the acceptance evidence pooled over the engine's requests."""
     proposer = Proposer(vllm_config(k=4))
     assert not proposer.speculator.pool.any()
+
+
+def test_the_proposer_writes_what_it_learned_where_asked(monkeypatch, tmp_path):
+    """NGRAMSPEC_VLLM_STATS names a file the proposer rewrites every STATS_EVERY steps: the
+    only view of its learned step cost from outside vLLM's worker process."""
+    import json
+
+    import ngramspec.vllm as vllm_module
+
+    path = tmp_path / "stats.json"
+    monkeypatch.setenv(vllm_module.STATS_FILE_ENV, str(path))
+    monkeypatch.setattr(vllm_module, "STATS_EVERY", 16)
+    proposer, _ = drafting_with(2.5)
+    stats = json.loads(path.read_text())
+    assert stats["steps"] % 16 == 0 and 0 < proposer.steps - stats["steps"] < 16
+    assert stats["failures"] == 0 and 0 < stats["drafted_tokens"] <= proposer.drafted_tokens
+    assert stats["step_scale"]["6"] > 1  # 6 rows: positions cost 2.5x what the prior says, learned
