@@ -70,8 +70,8 @@ class OnlineCost:
         self._tables: dict[tuple, tuple[int, np.ndarray]] = {}
         self._scales: dict[tuple[int, int], tuple[int, float]] = {}
         self._lines: dict[tuple[int, int], tuple[int, tuple[float, float] | None]] = {}
-        self._steps: dict[int, deque] = {}  # engine steps: rows' half-octave -> (x, seconds)
-        self._step_scales: dict[int, tuple[int, float]] = {}  # rows' half-octave -> (at, scale)
+        self._steps: dict[tuple[int, int], deque] = {}  # engine steps: _step_key -> (x, seconds)
+        self._step_scales: dict[tuple[int, int], tuple[int, float]] = {}  # _step_key -> (at, scale)
         self._step_tables: dict[tuple, np.ndarray] = {}  # (rows, positions, bucket, scale) -> costs
         self.steps_observed = 0
         self.observations = 0
@@ -241,16 +241,21 @@ class OnlineCost:
     # --- Engine steps (vLLM): one step over all rows' tokens, flattened --------------------
     # A step's total rarely repeats (every row drafts its own length), so cells keyed by token
     # count would never fill. Each timed step instead joins the window of its row count's
-    # half-octave as (x, seconds), x being the prior's excess cost of its total (prior - 1).
+    # half-octave and its context's octave as (x, seconds), x being the prior's excess cost of
+    # its total (prior - 1). Context has its own windows because the plain step's time a grows
+    # with it: one line through steps of a 300-token and a 3,000-token request (one request at
+    # a time, a few dozen steps each) would measure their difference, not the drafts' cost.
     # A robust line through the window (Theil-Sen: the median of pairwise slopes b, then the
     # median intercept a, the plain step's time) gives the excess scale b / a. A load that
     # slows every step alike scales a and b alike and leaves it unchanged; the window keeps the
-    # newest steps, so a changed machine or load is learned within STEP_WINDOW steps. (A step's
-    # context moves a and b together, mostly.)
+    # newest steps, so a changed machine or load is learned within STEP_WINDOW steps. A window
+    # with no line yet borrows the nearest one's: the same context with other row counts, then
+    # the nearest contexts (up to STEP_CONTEXT_REACH octaves away).
     STEP_WINDOW = 128
     STEP_REFIT = 64  # half the window renewed between fits
     MIN_STEPS = 8
     MIN_SPREAD = 0.05  # least spread in x (max - min) that measures a slope
+    STEP_CONTEXT_REACH = 4
     # Where no line is measured yet (too few steps, or all of one size: a prior that makes
     # drafts look dear keeps every step plain and would never learn otherwise), one step in
     # EXPLORE_EVERY is sized as if extra positions cost EXPLORE_SCALE of the prior's excess.
@@ -263,20 +268,25 @@ class OnlineCost:
         if rows <= 0 or tokens < rows or not seconds > 0 or not self.learn:
             return
         excess = float(self._prior(tokens, context, rows)) - 1
+        key = self._step_key(rows, context)
         with self._lock:
-            window = self._steps.get(self.bucket(64 * rows))  # row counts in half-octaves
+            window = self._steps.get(key)
             if window is None:
-                window = self._steps[self.bucket(64 * rows)] = deque(maxlen=self.STEP_WINDOW)
+                window = self._steps[key] = deque(maxlen=self.STEP_WINDOW)
             window.append((excess, float(seconds)))
             self.steps_observed += 1
 
-    def step_scale(self, rows: int) -> float | None:
-        """How the measured excess cost of a step of ``rows`` rows compares with the prior's (1:
-        as the prior says), from its window or the nearest one that measures it; None where
-        none does. Refitted after STEP_REFIT more timed steps (an engine asks every step; a fit
-        over a full window costs ~60 us), or MIN_STEPS while none is measured in the first
-        STEP_REFIT steps."""
-        bucket = self.bucket(64 * rows)
+    def _step_key(self, rows: int, context: int) -> tuple[int, int]:
+        """(row count's half-octave, context's octave): the window a step joins."""
+        return self.bucket(64 * rows), self.bucket(context) // 2
+
+    def step_scale(self, rows: int, context: int = 512) -> float | None:
+        """How the measured excess cost of a step of ``rows`` rows with ``context`` tokens each
+        compares with the prior's (1: as the prior says), from its window or the nearest one
+        that measures it; None where none does. Refitted after STEP_REFIT more timed steps (an
+        engine asks every step; a fit over a full window costs ~60 us), or MIN_STEPS while none
+        is measured in the first STEP_REFIT steps."""
+        bucket = self._step_key(rows, context)
         cached = self._step_scales.get(bucket)
         # Every MIN_STEPS steps while nothing is measured yet, then every STEP_REFIT (a window of
         # steps that all drafted alike measures no slope, and refitting it every few steps
@@ -286,9 +296,13 @@ class OnlineCost:
         if cached is not None and self.steps_observed - cached[0] < refit:
             return cached[1]
         scale = None
-        for distance in (0, -1, 1, -2, 2):
+        reach = range(self.STEP_CONTEXT_REACH + 1)
+        for near in ((bucket[0] + r, bucket[1] + sign * c) for c in reach for sign in (1, -1)[: 1 + (c > 0)]
+                     for r in (0, -1, 1, -2, 2)):
             with self._lock:
-                window = self._steps.get(bucket + distance, ())
+                window = self._steps.get(near, ())
+                if len(window) < self.MIN_STEPS:
+                    continue
                 points = np.fromiter(chain.from_iterable(window), dtype=np.float64, count=2 * len(window))
             x, seconds = points.reshape(-1, 2).T.copy()  # contiguous rows: the types line_scale is compiled for
             fitted = line_scale(x, seconds, self.MIN_STEPS, self.MIN_SPREAD)
@@ -303,7 +317,7 @@ class OnlineCost:
         tokens (every total one step could schedule, priced at once), relative to a plain step
         of ``rows`` rows. ``step``: the caller's step number (exploration, below). Kept until
         the fitted scale changes (an engine asks every step)."""
-        scale = self.step_scale(rows)
+        scale = self.step_scale(rows, context)
         if scale is None:  # nothing measured here yet: the prior, and every few steps an optimistic try
             scale = self.EXPLORE_SCALE if step % self.EXPLORE_EVERY == self.EXPLORE_EVERY - 1 else 1.0
         key = (rows, positions, self.bucket(context), scale)

@@ -385,13 +385,15 @@ class Proposer:
 
     def write_stats(self, path: str) -> None:
         """Steps, drafted tokens, failures and the learned excess-cost scale of the engine's
-        steps (1: as the prior says; None: not measured) per row count seen, as JSON."""
+        steps (1: as the prior says; None: not measured) per row count and context seen
+        (``"ROWSxCONTEXT"``, each the middle of its half-octave and octave), as JSON."""
         from .files import write_atomic
 
-        rows = sorted({OnlineCost.context_of(b) // 64 for b in self.cost._steps})
+        seen = sorted((max(OnlineCost.context_of(r) // 64, 1), OnlineCost.context_of(2 * c))
+                      for r, c in self.cost._steps)
         stats = {"steps": self.steps, "drafted_tokens": self.drafted_tokens, "failures": self.failures,
                  "steps_timed": self.cost.steps_observed,
-                 "step_scale": {str(r): self.cost.step_scale(max(r, 1)) for r in rows}}
+                 "step_scale": {f"{r}x{c}": self.cost.step_scale(r, c) for r, c in seen}}
         write_atomic(path, json.dumps(stats))
 
     def _run(self, token_ids, ends, sampled, expected: int, check: bool):
