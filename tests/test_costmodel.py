@@ -280,3 +280,19 @@ def test_the_step_line_kernel_matches_its_reference(points, min_steps, min_sprea
         x, seconds = np.concatenate([x, [0.0, 1.0]]), np.concatenate([seconds, [0.01, 0.02]])
     got, want = line_scale(x, seconds, min_steps, min_spread), line_scale_reference(x, seconds, min_steps, min_spread)
     assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+def test_engine_steps_learn_their_scale_per_context():
+    """One request at a time: a short request's steps (300 tokens of context, plain step 10 ms,
+    extra positions 0.5x the prior's excess) and a long one's (3,000 tokens, 40 ms, 3x). Each
+    context keeps its own window, so each scale is its own; one window through both would fit
+    the 4x difference of their plain steps, not either scale."""
+    prior = CostPrior(((1, 500, ((1, 1.0), (9, 1.4), (25, 2.2))),))
+    model = OnlineCost(prior)
+    for context, plain_step, scale in ((300, 0.010, 0.5), (3000, 0.040, 3.0)):
+        for step in range(40):
+            tokens = 1 + (step * 7) % 25  # drafts of many sizes
+            model.observe_step(tokens, context, 1, plain_step * (1 + scale * (prior.relative(tokens, context) - 1)))
+    assert model.step_scale(1, 300) == pytest.approx(0.5, rel=0.05)
+    assert model.step_scale(1, 3000) == pytest.approx(3.0, rel=0.05)
+    assert model.step_scale(1, 6000) == pytest.approx(3.0, rel=0.05)  # an unmeasured context: the nearest

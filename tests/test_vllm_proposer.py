@@ -266,6 +266,8 @@ def test_the_prior_interpolates_tokens_and_requests_and_reads_cost_files(tmp_pat
     path.write_text(prior.to_json())
     assert CostPrior.from_file(str(path)) == prior
     assert prior.scaled(2.0).cost(9, 500) == 3.0  # excess cost doubled: a prior 2x wrong
+    # ... relative to each row count's plain step: 5 requests' excess doubles too
+    assert prior.scaled(2.0).relative(21, 500, 5) - 1 == pytest.approx(2 * (prior.relative(21, 500, 5) - 1))
     with pytest.raises(ValueError, match="two or more"):
         CostPrior(((1, 500, ((1, 1.0),)),))
 
