@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import deque
 from pathlib import Path
@@ -94,8 +95,6 @@ def simulate(traces: list[dict], method: str, concurrency: int, truth, prior_sca
     count = np.zeros(concurrency, dtype=np.int32)
     now = [0.0]
     if method == "ngramspec":
-        import os
-
         from ngramspec.vllm import COST_FILE_ENV, VLLM_CPU_PRIOR
 
         saved = os.environ.pop(COST_FILE_ENV, None)
