@@ -182,6 +182,16 @@ def main(argv=None) -> int:
                         help="start ngramspec from the built-in step cost with its excess scaled by this")
     parser.add_argument("--json", default=None, help="write the totals here")
     args = parser.parse_args(argv)
+    try:
+        concurrencies = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        parser.error(f"--concurrency expected comma-separated integers, got {args.concurrency!r}")
+    if min(concurrencies) < 1 or args.max_tokens < 2:
+        parser.error("--concurrency must be 1 or more and --max-tokens 2 or more")
+    known = {"none", "ngram", "suffix", "ngramspec"}
+    unknown = [m for m in args.methods.split(",") if m not in known and not m.startswith(("vllm-rule", "hf-rule"))]
+    if unknown:
+        parser.error(f"unknown methods {unknown}; use none, ngram, suffix, ngramspec, vllm-rule[:...] or hf-rule")
     from ngramspec.vllm import VLLM_CPU_PRIOR
 
     with open(args.traces, encoding="utf-8") as handle:
@@ -191,7 +201,7 @@ def main(argv=None) -> int:
     print(f"{len(traces)} traces, outputs cut to {args.max_tokens} tokens, step cost: the vLLM CPU engine's")
     print("| concurrency | method | tokens per unit cost | vs none | MAT | drafts | drafted | accepted |")
     print("|---|---|---|---|---|---|---|---|")
-    for concurrency in (int(c) for c in args.concurrency.split(",")):
+    for concurrency in concurrencies:
         base = None
         for method in args.methods.split(","):
             t = simulate(traces, method, concurrency, VLLM_CPU_PRIOR, args.prior_scale)

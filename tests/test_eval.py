@@ -351,3 +351,14 @@ def test_vllm_simulator_emits_every_trace_token_and_prices_drafts_by_the_true_co
     assert none["tokens"] == spec["tokens"] == never["tokens"] == total
     assert none["drafted"] == never["drafted"] == 0 and never["cost"] == none["cost"]
     assert spec["accepted"] > 0.5 * total and spec["cost"] < 0.6 * none["cost"]
+
+
+@pytest.mark.parametrize("argv, message", [(["--concurrency", "0"], "must be 1 or more"),
+                                           (["--concurrency", "x"], "expected comma-separated"),
+                                           (["--methods", "none,bogus"], "unknown methods")])
+def test_vllm_simulator_refuses_bad_arguments_with_a_usage_error(argv, message, capsys):
+    from eval.vllm_sim import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
