@@ -1,7 +1,7 @@
 """Measure vLLM's step-cost curve: time of one engine step over N scheduled tokens, relative
 to a one-token step (ngramspec.vllm.VLLM_CPU_PRIOR comes from this).
 
-    .venv-vllm/bin/python -m eval.vllm_cost [--rows 1,4,16] [--context 500] [--model DIR]
+    .venv-vllm/bin/python -m eval.vllm_cost [--rows 1,4,16] [--context 500,2000] [--model DIR] [--out cost.json]
 
 A stand-in drafter (``FixedDrafts``) proposes random tokens (all rejected, so every step emits
 one token per row and the context grows alike for every length) with lengths cycling through
@@ -92,12 +92,13 @@ def measure(model: str, rows: int, context: int, new_tokens: int, drafts=DRAFT_S
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int_list, default="1,4,16", help="concurrent requests per run (comma-separated)")
-    parser.add_argument("--context", type=int, default=500, help="prompt tokens per request")
+    parser.add_argument("--context", type=int_list, default="500,2000",
+                        help="prompt tokens per request (comma-separated: one curve per context and row count)")
     parser.add_argument("--new-tokens", type=int, default=160, help="tokens generated per request")
     parser.add_argument("--drafts", type=int_list, default=",".join(map(str, DRAFT_SCHEDULE)),
                         help="draft lengths cycled through, step by step")
     parser.add_argument("--model", default=None, help="model folder (default: the default model)")
-    parser.add_argument("--out", default=None, help="write the curve as JSON here")
+    parser.add_argument("--out", default=None, help="write the curves as JSON here (what NGRAMSPEC_VLLM_COST reads)")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default reserves most of RAM
     from ngramspec.models import default_model_dir
@@ -105,20 +106,21 @@ def main(argv=None) -> None:
     here = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
     model = args.model or str(default_model_dir())
-    drafts = args.drafts
-    by_rows = {rows: measure(model, rows, args.context, args.new_tokens, drafts)
-               for rows in args.rows}
-    base = by_rows[min(by_rows)][min(by_rows[min(by_rows)])]
-    print(f"one-token step of one request: {base * 1e3:.1f} ms")
-    print("rows  N  relative cost (to one request's one-token step)")
-    curves = {}
-    for rows, medians in by_rows.items():
-        curves[rows] = sorted((n, round(t / base, 3)) for n, t in medians.items())
-        for n, c in curves[rows]:
-            print(f"{rows:4d} {n:4d}  {c:.3f}")
+    curves = []  # CostPrior's ((rows, context, ((tokens, cost), ...)), ...)
+    print("context rows  N  relative cost (to one request's one-token step at that context)")
+    for context in args.context:
+        by_rows = {rows: measure(model, rows, context, args.new_tokens, args.drafts) for rows in args.rows}
+        # Each context's costs are relative to its own plain one-request step: what sizing reads
+        # is a step's cost relative to a plain step of the same rows at the same context.
+        base = by_rows[min(by_rows)][min(by_rows[min(by_rows)])]
+        print(f"one-token step of one request at {context} tokens of context: {base * 1e3:.1f} ms")
+        for rows, medians in by_rows.items():
+            points = sorted((n, round(t / base, 3)) for n, t in medians.items())
+            curves.append([rows, context, points])
+            for n, c in points:
+                print(f"{context:7d} {rows:4d} {n:4d}  {c:.3f}")
     if args.out:
-        record = {"one_token_seconds": base, "curves": curves, "args": vars(args)}
-        Path(args.out).write_text(json.dumps(record, indent=1))
+        Path(args.out).write_text(json.dumps({"curves": curves, "args": vars(args)}, indent=1))
 
 
 if __name__ == "__main__":

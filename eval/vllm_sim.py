@@ -14,7 +14,7 @@ for every drafter); (4) the drafter proposes for every row. ngramspec runs as vL
 ``Proposer`` on the persistent batch's arrays, with a clock that advances by the true cost,
 so its step-cost learning sees what an engine would show it; ``--prior-scale S`` starts it from
 a prior whose excess cost is S times the truth's. The peers draft per request: vLLM's ``ngram``
-rule (n 1-4, k=5) and SuffixDecoding with a global cache (vLLM's ``suffix``, k=24).
+rule (its defaults: n=5 only, k=5) and SuffixDecoding with a global cache (vLLM's ``suffix``, k=24).
 
 Reported per drafter: output tokens per unit of step cost, its ratio to no drafting, MAT (new
 tokens per row-step), drafts, drafted and accepted tokens.
@@ -113,7 +113,7 @@ def simulate(traces: list[dict], method: str, concurrency: int, truth, prior_sca
     else:
         from .drafters import make_drafter
 
-        name = {"ngram": "vllm-rule:min_n=1,max_n=4,k=5", "suffix": "suffix-global:k=24"}.get(method, method)
+        name = {"ngram": "vllm-rule:min_n=5,max_n=5,k=5", "suffix": "suffix-global:k=24"}.get(method, method)
         drafter = SessionRows(make_drafter(name), 24)
     queue = deque(enumerate(traces))
     rows: list[dict] = []

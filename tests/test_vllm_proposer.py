@@ -471,5 +471,9 @@ def test_the_proposer_writes_what_it_learned_where_asked(monkeypatch, tmp_path):
     stats = json.loads(path.read_text())
     assert stats["steps"] % 16 == 0 and 0 < proposer.steps - stats["steps"] < 16
     assert stats["failures"] == 0 and 0 < stats["drafted_tokens"] <= proposer.drafted_tokens
+    proposer.write_stats(str(path))
+    now = json.loads(path.read_text())  # and its own time inside propose(), per step (0 on this fake clock)
+    assert now["steps"] == proposer.steps and proposer.propose_seconds >= 0
+    assert now["propose_ms_per_step"] == round(1e3 * proposer.propose_seconds / proposer.steps, 4)
     (six_rows,) = [scale for key, scale in stats["step_scale"].items() if key.startswith("6x")]
     assert six_rows > 1  # 6 rows: positions cost 2.5x what the prior says, learned
