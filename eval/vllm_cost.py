@@ -100,6 +100,8 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: the default model)")
     parser.add_argument("--out", default=None, help="write the curves as JSON here (what NGRAMSPEC_VLLM_COST reads)")
     args = parser.parse_args(argv)
+    if min(args.rows) < 1 or min(args.context) < 1:
+        parser.error(f"--rows and --context expected integers of 1 or more, got {args.rows} and {args.context}")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default reserves most of RAM
     from ngramspec.models import default_model_dir
 

@@ -302,7 +302,8 @@ def test_bench_long_prompts_decode_phase_and_settings_side_by_side(tiny_model_di
 
 
 @pytest.mark.parametrize("module, argv", [("eval.vllm_bench", ["--concurrency", "1,x"]),
-                                           ("eval.vllm_cost", ["--rows", "-1"])])
+                                           ("eval.vllm_cost", ["--rows", "-1"]),
+                                           ("eval.vllm_cost", ["--context", "500,0"])])
 def test_vllm_scripts_reject_bad_lists_with_a_usage_error(module, argv, capsys):
     import importlib
 
