@@ -213,9 +213,7 @@ class SessionTable:
         self.state = np.concatenate([self.state, np.tile(FRESH, (slots - old, 1))])
         self.evidence = np.concatenate([self.evidence, np.zeros((slots - old,) + self.pool.shape)])
         self.pending = np.concatenate([self.pending, np.zeros((slots - old, self.pending.shape[1]), np.int32)])
-        for _ in range(old, slots):
-            self.streams.append(np.zeros(16, dtype=np.int32))
-            self.tables.append(np.zeros(16, dtype=np.uint64))
+        _append_slots(self.streams, self.tables, slots - old)
         self.free.extend(range(slots - 1, old - 1, -1))  # lowest slot first
 
     def new(self, prompt_length: int) -> int:
@@ -231,19 +229,18 @@ class SessionTable:
 
     def release(self, s: int) -> None:
         """Forget slot s (its arrays shrink back, so an evicted request frees its memory)."""
-        self.streams[s] = np.zeros(16, dtype=np.int32)
-        self.tables[s] = np.zeros(16, dtype=np.uint64)
+        _reset_slot(self.streams, self.tables, s)
         self.state[s] = FRESH
         self.free.append(s)
 
     def tokens(self, s: int) -> np.ndarray:
         """Slot s's stream so far (a view)."""
-        return self.streams[s][: self.state[s, LENGTH]]
+        return _stream(self.streams, s)[: self.state[s, LENGTH]]
 
     def finish(self, s: int) -> None:
         """The request left: its output joins the history once (``SpeculationSession.finish``)."""
         if self.history is not None and not self.state[s, FINISHED] and self.state[s, LENGTH] > self.state[s, PROMPT]:
-            self.history.add(self.streams[s][self.state[s, PROMPT] : self.state[s, LENGTH]])
+            self.history.add(_stream(self.streams, s)[self.state[s, PROMPT] : self.state[s, LENGTH]])
         self.state[s, FINISHED] = 1
 
     def history_arrays(self) -> tuple[np.ndarray, np.ndarray, int]:
@@ -269,6 +266,27 @@ class SessionTable:
                    history_length, c.min_n, c.max_n, c.match == "recent", c.copy_cursor, c.fuzzy_resync,
                    c.acceptance_prior, c.acceptance_memory, drafts, lengths, acceptance)
         return drafts, lengths, acceptance
+
+
+# The typed lists' items, read and written from Python through compiled calls: the typed list's
+# own Python accessors compile anew in every process (~0.2 s each, mid-serving the first time a
+# request leaves), where these load from Numba's cache.
+@njit(cache=True)
+def _append_slots(streams, tables, count):
+    for _ in range(count):
+        streams.append(np.zeros(16, dtype=np.int32))
+        tables.append(np.zeros(16, dtype=np.uint64))
+
+
+@njit(cache=True)
+def _reset_slot(streams, tables, s):
+    streams[s] = np.zeros(16, dtype=np.int32)
+    tables[s] = np.zeros(16, dtype=np.uint64)
+
+
+@njit(cache=True)
+def _stream(streams, s):
+    return streams[s]
 
 
 _NO_HISTORY = np.zeros(1, dtype=np.int32)

@@ -129,13 +129,6 @@ class RowSessions:
         """Tokens slot ``slot`` has indexed."""
         return int(self.table.state[slot, LENGTH])
 
-    def holds(self, slot: int, row: np.ndarray, uniforms: np.ndarray | None = None) -> bool:
-        """Does ``row`` continue slot ``slot``'s text? O(HEAD + TAIL + PROBES). ``uniforms``
-        (PROBES floats in [0, 1)) place the random probes; drawn here when not given."""
-        if uniforms is None:
-            uniforms = self.rng.random(PROBES)
-        return bool(spot_check(self.table.streams[slot], row, self.length(slot), uniforms))
-
     def step(self, token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Match every decoding row (``rows`` (A,) indices into ``token_ids``, row r's text
         ``token_ids[rows[r], :ends[r]]``) to a slot; returns the slots (A,). The slots extend
@@ -148,22 +141,21 @@ class RowSessions:
         slots = np.where(check_rows(token_ids, rows, ends, had, self.table.streams, self.table.state, uniforms),
                          had, -1)
         moved = np.flatnonzero(slots < 0)
-        if moved.size:  # new, moved or preempted requests: rare, one at a time
-            taken = set(slots[slots >= 0].tolist())
-            by_head: dict[tuple, list[int]] = {}
-            for s in self.active.tolist() + list(self.idle):
-                by_head.setdefault(_head(self.table.streams[s], self.length(s)), []).append(s)
+        if moved.size:  # new, moved or preempted requests: one compiled lookup each
+            candidates = np.concatenate([self.active, np.fromiter(self.idle, dtype=np.int64, count=len(self.idle))])
+            taken = np.zeros(self.table.state.shape[0], dtype=np.bool_)
+            taken[slots[slots >= 0]] = True
             for r in moved.tolist():
-                row = token_ids[rows[r], : ends[r]]
-                slot = next((s for s in by_head.get(_head(row, row.shape[0]), ())
-                             if s != had[r] and s not in taken and self.holds(s, row, uniforms[r])), None)
-                if slot is None:
+                slot = find_slot(token_ids[rows[r], : ends[r]], candidates, had[r], taken, self.table.streams,
+                                 self.table.state, uniforms[r])
+                if slot < 0:
                     slot = self.table.new(int(ends[r]))
                     self.created += 1
                 elif slot in self.idle:  # a preempted request is back
                     del self.idle[slot]
                     self.idle_tokens -= self.length(slot)
-                taken.add(slot)
+                if slot < taken.shape[0]:  # (a new slot may lie past it: never a candidate)
+                    taken[slot] = True
                 slots[r] = slot
         state = self.table.state
         continued = int(state[slots, ACTIVE].sum())  # its last draft was verified unless it was idle
@@ -207,6 +199,19 @@ def check_rows(token_ids, rows, ends, slots, streams, state, uniforms):
 
 
 @njit(cache=True)
+def find_slot(row, candidates, excluded, taken, streams, state, uniforms):
+    """The first slot of ``candidates`` whose text ``row`` continues (:func:`spot_check`, and
+    the same first HEAD tokens, as many of them), skipping ``excluded`` (the slot the row just
+    failed its check against: it would fail again) and slots marked in ``taken``; -1 if none."""
+    head = min(HEAD, row.shape[0])
+    for s in candidates:
+        if s != excluded and not taken[s] and min(HEAD, state[s, LENGTH]) == head \
+                and spot_check(streams[s], row, state[s, LENGTH], uniforms):
+            return s
+    return -1
+
+
+@njit(cache=True)
 def spot_check(stream, row, seen, uniforms):
     """Do ``stream[:seen]`` and ``row`` agree on the first HEAD and last TAIL positions of
     ``stream[:seen]`` and at ``int(u * seen)`` for each u in ``uniforms``? (One compiled call per
@@ -235,10 +240,6 @@ def spot_check_reference(stream, row, seen, uniforms) -> bool:
     probes = np.minimum((np.asarray(uniforms) * seen).astype(np.int64), seen - 1)
     return bool(np.array_equal(stream[:head], row[:head]) and np.array_equal(stream[tail:seen], row[tail:seen])
                 and np.array_equal(stream[probes], row[probes]))
-
-
-def _head(tokens: np.ndarray, length: int) -> tuple:
-    return tuple(tokens[: min(HEAD, length)].tolist())
 
 
 class Proposer:
@@ -308,7 +309,11 @@ class Proposer:
             row = np.tile(np.arange(HEAD, dtype=np.int32), 4)[None, :]
             for end in (3 * HEAD, 3 * HEAD + 2):
                 self._propose([[1]], np.array([end]), row)
-            spot_check(row[0], row[0], HEAD, np.zeros(PROBES))  # RowSessions.holds
+            # What RowSessions.step does when a request leaves: its stream read (its output
+            # joins the history) and, later, its slot freed.
+            table = self.sessions.table
+            table.tokens(0)
+            table.release(0)
             line_scale(np.arange(8.0), np.arange(8.0), 8, 0.05)  # OnlineCost.step_scale
         finally:
             vars(self).clear()
