@@ -44,25 +44,27 @@ def vllm_config(k: int, rows: int, min_n: int, max_n: int):
     )
 
 
-def time_steps(propose, texts: list[np.ndarray], steps: int, warmup: int) -> tuple[float, float]:
-    """Median and mean milliseconds of ``propose(sampled, num_tokens, token_ids)`` per step
+def time_steps(proposers: list, texts: list[np.ndarray], steps: int, warmup: int) -> list[tuple[float, float]]:
+    """Median and mean milliseconds of each ``propose(sampled, num_tokens, token_ids)`` per step
     after ``warmup`` steps, every row advancing ADVANCE tokens per step (the mean counts the
-    occasional dearer step too, e.g. a refit of the step cost)."""
+    occasional dearer step too, e.g. a refit of the step cost). The proposers take turns within
+    each step (the first alternating), so a slow patch of the machine falls on both alike."""
     rows = len(texts)
     token_ids = np.zeros((rows, MAX_MODEL_LEN), dtype=np.int32)
     lengths = np.zeros(rows, dtype=np.int32)
     for i, text in enumerate(texts):
         token_ids[i, : text.size] = text
         lengths[i] = text.size - ADVANCE * (steps + warmup)
-    times = []
+    times: list[list[float]] = [[] for _ in proposers]
     for step in range(steps + warmup):
         lengths += ADVANCE
         sampled = [token_ids[i, n - ADVANCE : n].tolist() for i, n in enumerate(lengths)]
-        start = time.perf_counter()
-        propose(sampled, lengths.copy(), token_ids)
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times), 1e3 * statistics.fmean(times)
+        for which in (range(len(proposers)) if step % 2 == 0 else reversed(range(len(proposers)))):
+            start = time.perf_counter()
+            proposers[which](sampled, lengths.copy(), token_ids)
+            if step >= warmup:
+                times[which].append(time.perf_counter() - start)
+    return [(1e3 * statistics.median(t), 1e3 * statistics.fmean(t)) for t in times]
 
 
 def joined(pool: list[np.ndarray], tokens: int) -> list[np.ndarray]:
@@ -109,13 +111,12 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
         texts = [pool[i % len(pool)] for i in range(rows)]
-        ours = Proposer(vllm_config(args.k, rows, 1, 6))
-        ms = time_steps(ours.propose, texts, args.steps, args.warmup)
-        peer = None
+        proposers = [Proposer(vllm_config(args.k, rows, 1, 6)).propose]
         if NgramProposer is not None:
             theirs = NgramProposer(vllm_config(args.k, rows, 1, 6))
-            peer = time_steps(lambda s, n, t, theirs=theirs: theirs.propose(args.k, s, n, t), texts, args.steps,
-                              args.warmup)
+            proposers.append(lambda s, n, t, theirs=theirs: theirs.propose(args.k, s, n, t))
+        ms, *peer = time_steps(proposers, texts, args.steps, args.warmup)
+        peer = peer[0] if peer else None
         cells = []
         for at in (0, 1):  # median, mean
             cells += [f"{peer[at]:.3f}" if peer else "-", f"{ms[at]:.3f}", f"{ms[at] / peer[at]:.2f}x" if peer else "-"]
