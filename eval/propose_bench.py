@@ -10,6 +10,7 @@ occasional refit of the step cost). vLLM's proposer runs where vLLM is installed
 
     .venv-vllm/bin/python -m eval.propose_bench --rows 1,16,64,256
     .venv-vllm/bin/python -m eval.propose_bench --row-tokens 1500   # rows as long as 1.5k-token documents
+    .venv-vllm/bin/python -m eval.propose_bench --turnover 30       # requests come and go, as on a server
 """
 
 from __future__ import annotations
@@ -44,26 +45,39 @@ def vllm_config(k: int, rows: int, min_n: int, max_n: int):
     )
 
 
-def time_steps(proposers: list, texts: list[np.ndarray], steps: int, warmup: int) -> list[tuple[float, float]]:
+def time_steps(proposers: list, texts: list[np.ndarray], steps: int, warmup: int, turnover: int = 0,
+               pool: list[np.ndarray] = ()) -> list[tuple[float, float]]:
     """Median and mean milliseconds of each ``propose(sampled, num_tokens, token_ids)`` per step
     after ``warmup`` steps, every row advancing ADVANCE tokens per step (the mean counts the
-    occasional dearer step too, e.g. a refit of the step cost). The proposers take turns within
-    each step (the first alternating), so a slow patch of the machine falls on both alike."""
+    occasional dearer step too, e.g. a refit of the step cost). With ``turnover`` T, each row's
+    request finishes every T steps (rows staggered) and a new one from ``pool`` takes the row,
+    as on a server. The proposers take turns within each step (the first alternating), so a
+    slow patch of the machine falls on both alike."""
     rows = len(texts)
     token_ids = np.zeros((rows, MAX_MODEL_LEN), dtype=np.int32)
     lengths = np.zeros(rows, dtype=np.int32)
-    for i, text in enumerate(texts):
+
+    def start(i: int, text: np.ndarray, steps_left: int) -> None:  # row i's text, ADVANCE * steps_left to go
+        token_ids[i] = 0
         token_ids[i, : text.size] = text
-        lengths[i] = text.size - ADVANCE * (steps + warmup)
+        lengths[i] = text.size - ADVANCE * steps_left
+
+    for i, text in enumerate(texts):
+        start(i, text, steps + warmup)
+    arrivals = 0
     times: list[list[float]] = [[] for _ in proposers]
     for step in range(steps + warmup):
+        for i in range(rows) if turnover and step else ():
+            if (step + i * turnover // rows) % turnover == 0:
+                start(i, pool[arrivals % len(pool)], turnover + 1)
+                arrivals += 1
         lengths += ADVANCE
         sampled = [token_ids[i, n - ADVANCE : n].tolist() for i, n in enumerate(lengths)]
         for which in (range(len(proposers)) if step % 2 == 0 else reversed(range(len(proposers)))):
-            start = time.perf_counter()
+            begun = time.perf_counter()
             proposers[which](sampled, lengths.copy(), token_ids)
             if step >= warmup:
-                times[which].append(time.perf_counter() - start)
+                times[which].append(time.perf_counter() - begun)
     return [(1e3 * statistics.median(t), 1e3 * statistics.fmean(t)) for t in times]
 
 
@@ -91,7 +105,12 @@ def main(argv=None) -> int:
     parser.add_argument("--row-tokens", type=int, default=0,
                         help="make every row this long by joining consecutive traces (default 0: one trace per "
                              "row, ~470 tokens); vLLM's proposer rescans each row's text every step")
+    parser.add_argument("--turnover", type=int, default=0,
+                        help="every row's request is replaced by a new one every this many steps, rows "
+                             "staggered (default 0: the same requests throughout)")
     args = parser.parse_args(argv)
+    if not 0 <= args.turnover <= args.steps:
+        parser.error(f"--turnover must be in [0, --steps={args.steps}]")
     if args.row_tokens < 0 or args.row_tokens > MAX_MODEL_LEN:
         parser.error(f"--row-tokens must be in [0, {MAX_MODEL_LEN}]")
 
@@ -106,7 +125,8 @@ def main(argv=None) -> int:
     if args.row_tokens:
         pool = joined(pool, max(args.row_tokens, need))
     print(f"{len(pool)} traces of {need}+ tokens (mean {np.mean([t.size for t in pool]):.0f}); k={args.k}, "
-          f"{ADVANCE} tokens per row per step, median and mean of {args.steps} steps (ms per engine step)")
+          f"{ADVANCE} tokens per row per step, median and mean of {args.steps} steps (ms per engine step)"
+          + (f"; each request replaced by a new one every {args.turnover} steps" if args.turnover else ""))
     print("| rows | median: vLLM ngram | ngramspec | ratio | mean: vLLM ngram | ngramspec | ratio |")
     print("|---|---|---|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
@@ -115,7 +135,7 @@ def main(argv=None) -> int:
         if NgramProposer is not None:
             theirs = NgramProposer(vllm_config(args.k, rows, 1, 6))
             proposers.append(lambda s, n, t, theirs=theirs: theirs.propose(args.k, s, n, t))
-        ms, *peer = time_steps(proposers, texts, args.steps, args.warmup)
+        ms, *peer = time_steps(proposers, texts, args.steps, args.warmup, args.turnover, pool[rows:] + pool)
         peer = peer[0] if peer else None
         cells = []
         for at in (0, 1):  # median, mean

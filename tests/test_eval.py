@@ -313,6 +313,27 @@ def test_vllm_scripts_reject_bad_lists_with_a_usage_error(module, argv, capsys):
     assert "expected" in capsys.readouterr().err
 
 
+def test_propose_bench_replaces_requests_as_a_server_does(capsys):
+    """--turnover T: each row's request is replaced every T steps (rows staggered), the new
+    text read from its start, and no row runs past its text; T above --steps is refused."""
+    from eval.propose_bench import main, time_steps
+
+    texts = [np.arange(1000 * i, 1000 * i + 300, dtype=np.int32) for i in range(5)]
+    heads, ends = [], []  # per step: each row's first token and end
+
+    def proposer(sampled, num_tokens, token_ids):
+        heads.append(token_ids[:, 0].tolist())
+        ends.append(num_tokens.tolist())
+
+    time_steps([proposer], texts[:2], steps=20, warmup=0, turnover=10, pool=texts[2:])
+    assert [heads[s][0] for s in (0, 9, 10, 19)] == [0, 0, 3000, 3000]  # row 0: a new request at step 10
+    assert [heads[s][1] for s in (4, 5, 14, 15)] == [1000, 2000, 2000, 4000]  # row 1: at steps 5 and 15
+    assert max(map(max, ends)) <= 300  # no row runs past its text
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--steps", "10", "--turnover", "11"])
+    assert exit_info.value.code == 2 and "--turnover must be" in capsys.readouterr().err
+
+
 def test_drafter_and_oracle_settings_use_the_shared_parser(tmp_path):
     assert make_drafter("vllm-rule: min_n=2 ,k=3").settings == {"min_n": 2, "k": 3}
     with pytest.raises(ValueError, match="expected name=value"):
