@@ -202,11 +202,22 @@ def check_rows(token_ids, rows, ends, slots, streams, state, uniforms):
 def find_slot(row, candidates, excluded, taken, streams, state, uniforms):
     """The first slot of ``candidates`` whose text ``row`` continues (:func:`spot_check`, and
     the same first HEAD tokens, as many of them), skipping ``excluded`` (the slot the row just
-    failed its check against: it would fail again) and slots marked in ``taken``; -1 if none."""
+    failed its check against: it would fail again) and slots marked in ``taken``; -1 if none.
+    Reference: :func:`find_slot_reference`."""
     head = min(HEAD, row.shape[0])
     for s in candidates:
         if s != excluded and not taken[s] and min(HEAD, state[s, LENGTH]) == head \
                 and spot_check(streams[s], row, state[s, LENGTH], uniforms):
+            return s
+    return -1
+
+
+def find_slot_reference(row, candidates, excluded, taken, streams, state, uniforms) -> int:
+    """:func:`find_slot` in plain Python, each slot's text compared by its first tokens."""
+    for s in candidates.tolist():
+        seen = int(state[s, LENGTH])
+        if s != excluded and not taken[s] and streams[s][: min(HEAD, seen)].tolist() == row[:HEAD].tolist() \
+                and spot_check_reference(streams[s], row, seen, uniforms):
             return s
     return -1
 

@@ -17,7 +17,7 @@ from numba import types
 
 from ngramspec.costmodel import line_scale
 from ngramspec.costs import CostPrior
-from ngramspec.sessions import ACTIVE
+from ngramspec.sessions import ACTIVE, LENGTH
 from ngramspec.vllm import (
     PROBES,
     VLLM_CPU_PRIOR,
@@ -25,6 +25,7 @@ from ngramspec.vllm import (
     RowSessions,
     check_rows,
     find_slot,
+    find_slot_reference,
     propose_rows,
     spot_check,
     spot_check_reference,
@@ -340,6 +341,30 @@ def test_spot_check_kernel_matches_its_reference(tokens, extra, changed, uniform
     # A row shorter than the stream, or an empty stream, never holds it.
     assert not spot_check(stream, row[: stream.size - 1], stream.size, uniforms)
     assert not spot_check(stream, row, 0, uniforms) and not spot_check_reference(stream, row, 0, uniforms)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=40), min_size=1, max_size=6),
+       st.integers(0, 5), st.lists(st.integers(0, 40), min_size=6, max_size=6), st.integers(-1, 5),
+       st.lists(st.booleans(), min_size=6, max_size=6), st.lists(st.integers(0, 5), max_size=8),
+       st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=PROBES, max_size=PROBES))
+def test_find_slot_kernel_matches_its_reference(texts, pick, seen, excluded, taken, order, uniforms):
+    """Slots holding prefixes of small-alphabet texts (so heads often agree and probes decide),
+    a row continuing one of them: the kernel picks the slot the reference picks."""
+    from numba import types as nb_types
+    from numba.typed import List
+
+    streams = List.empty_list(nb_types.int32[::1])
+    state = np.zeros((6, 14), dtype=np.int64)
+    for s in range(6):
+        text = np.array(texts[s % len(texts)], dtype=np.int32)
+        streams.append(text.copy())
+        state[s, LENGTH] = min(seen[s], text.size)
+    row = np.concatenate([np.array(texts[pick % len(texts)], dtype=np.int32), np.arange(3, dtype=np.int32)])
+    candidates, taken = np.array(order, dtype=np.int64), np.array(taken, dtype=np.bool_)
+    args = (row, candidates, excluded, taken, streams, state, np.array(uniforms))
+    plain = (row, candidates, excluded, taken, list(streams), state, np.array(uniforms))
+    assert find_slot(*args) == find_slot_reference(*plain)
 
 
 def test_the_cpu_step_cost_on_an_accelerator_is_flagged(caplog):
