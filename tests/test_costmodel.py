@@ -296,3 +296,22 @@ def test_engine_steps_learn_their_scale_per_context():
     assert model.step_scale(1, 300) == pytest.approx(0.5, rel=0.05)
     assert model.step_scale(1, 3000) == pytest.approx(3.0, rel=0.05)
     assert model.step_scale(1, 6000) == pytest.approx(3.0, rel=0.05)  # an unmeasured context: the nearest
+
+
+def test_steps_crowded_at_small_drafts_do_not_make_long_drafts_look_free():
+    """An engine's true cost curve is more convex than the prior it scales (vLLM one request
+    at a time on 2 cores: 1-4 token drafts cost about a plain step, 24 tokens +110%), and most
+    steps draft a few tokens. Here four steps in five draft 0-3 tokens at a plain step's cost,
+    one drafts 24 at 2x the prior's excess: the scale must come from the pairs that span the
+    sizes, not from the crowd of near-equal small drafts (the plain Theil-Sen median read 0.7
+    here, and 0.0-0.2 in the engine, so long drafts looked nearly free). A line through a
+    convex curve prices the long drafts at about what they cost (2x) or dearer (the small
+    drafts pull its intercept down): 2.5 here."""
+    prior = CostPrior(((1, 500, ((1, 1.0), (9, 1.4), (25, 2.2))),))
+    model = OnlineCost(prior)
+    rng = np.random.default_rng(0)
+    for step in range(120):
+        tokens = 25 if step % 5 == 0 else 1 + step % 4
+        excess = 2.0 * (prior.relative(25, 300) - 1) if tokens == 25 else 0.0
+        model.observe_step(tokens, 300, 1, 0.010 * (1 + excess) * rng.uniform(0.95, 1.05))
+    assert 1.7 <= model.step_scale(1, 300) <= 3.0

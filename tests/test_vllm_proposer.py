@@ -538,7 +538,7 @@ def test_the_proposer_writes_what_it_learned_where_asked(monkeypatch, tmp_path):
     monkeypatch.setattr(vllm_module, "STATS_EVERY", 16)
     proposer, _ = drafting_with(2.5)
     stats = json.loads(path.read_text())
-    assert stats["steps"] % 16 == 0 and 0 < proposer.steps - stats["steps"] < 16
+    assert stats["steps"] % 16 == 0 and 0 <= proposer.steps - stats["steps"] < 16
     assert stats["failures"] == 0 and 0 < stats["drafted_tokens"] <= proposer.drafted_tokens
     proposer.write_stats(str(path))
     now = json.loads(path.read_text())  # and its own time inside propose(), per step (0 on this fake clock)
