@@ -344,7 +344,7 @@ def line_scale(x, seconds, min_steps, min_spread):
     else clipped to [0, 50].
 
     Why weighted: an engine's steps crowd at small drafts, where a step costs about as much as
-    a plain one, and a true cost curve is more convex than the prior it is scaled from. The
+    a plain one, and a true cost curve can be more convex than the prior it is scaled from. The
     plain Theil-Sen median is then a slope between two near-equal small drafts: one request
     at a time, vLLM on 2 cores, 1-4 token drafts cost +0-10% and 24 tokens +110%, and the plain
     median read a scale of 0.0-0.2 (long drafts "free", drafts grew to 9 tokens for the same
