@@ -120,6 +120,8 @@ def median_runs(rounds: list[dict]) -> dict:
 
 def summarise(runs: dict, items: list[dict]) -> list[dict]:
     """One row per (concurrency, method, family or 'overall')."""
+    import statistics
+
     rows = []
     for (concurrency, method), run in sorted(runs.items()):
         base = runs[(concurrency, "none")]
@@ -144,6 +146,12 @@ def summarise(runs: dict, items: list[dict]) -> list[dict]:
                 row["mat_drafted_steps"] = 1 + spec["accepted_tokens"] / spec["drafts"] if spec["drafts"] else 1.0
                 row["drafted_per_draft"] = spec["draft_tokens"] / spec["drafts"] if spec["drafts"] else 0.0
                 row["rounds_tok_s"] = [total / s for s in run.get("round_seconds", [run["seconds"]])]
+                # Paired within each round (the rounds ran one after the other, and a machine's
+                # speed drifts between them more than the methods differ): the median of each
+                # round's ratio to that round's no-speculation run.
+                base_seconds = base.get("round_seconds", [base["seconds"]])
+                row["vs_none_paired"] = statistics.median(
+                    b / s for s, b in zip(run.get("round_seconds", [run["seconds"]]), base_seconds))
             rows.append(row)
     return rows
 
@@ -163,13 +171,14 @@ def family_markdown(rows: list[dict]) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| concurrency | method | tok/s (median) | vs none | each round | MAT (all steps) | MAT (drafted steps) "
-             "| drafted/draft | identical |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| concurrency | method | tok/s (median) | vs none | vs none, paired by round (median) | each round "
+             "| MAT (all steps) | MAT (drafted steps) | drafted/draft | identical |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["family"] == "overall":
             each = ", ".join(f"{t:.1f}" for t in r["rounds_tok_s"])
-            lines.append(f"| {r['concurrency']} | {r['method']} | {r['tok_s']:.1f} | {r['vs_none']:.2f}x | {each} | "
+            paired = f"{r['vs_none_paired']:.3f}x" if "vs_none_paired" in r else "-"
+            lines.append(f"| {r['concurrency']} | {r['method']} | {r['tok_s']:.1f} | {r['vs_none']:.2f}x | {paired} | {each} | "
                          f"{r['mat_all_steps']:.2f} | {r['mat_drafted_steps']:.2f} | {r['drafted_per_draft']:.1f} | "
                          f"{100 * r['identical']:.0f}% |")
     return "\n".join(lines) + "\n"

@@ -13,7 +13,9 @@ requests take free rows (their prefill emits their first token and is not priced
 for every drafter); (4) the drafter proposes for every row. ngramspec runs as vLLM runs it, its
 ``Proposer`` on the persistent batch's arrays, with a clock that advances by the true cost,
 so its step-cost learning sees what an engine would show it; ``--prior-scale S`` starts it from
-a prior whose excess cost is S times the truth's. The peers draft per request: vLLM's ``ngram``
+a prior whose excess cost is S times the built-in one's, and ``--truth-scale T`` prices steps by
+the built-in cost with its excess T times as large (a machine where drafted positions cost more:
+the prior is then T / S times too cheap). The peers draft per request: vLLM's ``ngram``
 rule (its defaults: n=5 only, k=5) and SuffixDecoding with a global cache (vLLM's ``suffix``, k=24).
 
 Reported per drafter: output tokens per unit of step cost, its ratio to no drafting, MAT (new
@@ -180,12 +182,17 @@ def main(argv=None) -> int:
     parser.add_argument("--methods", default="none,ngram,suffix,ngramspec")
     parser.add_argument("--prior-scale", type=float, default=None,
                         help="start ngramspec from the built-in step cost with its excess scaled by this")
+    parser.add_argument("--truth-scale", type=float, default=1.0,
+                        help="price steps by the built-in step cost with its excess scaled by this (a machine "
+                             "where drafted positions cost S times more; default 1)")
     parser.add_argument("--json", default=None, help="write the totals here")
     args = parser.parse_args(argv)
     try:
         concurrencies = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         parser.error(f"--concurrency expected comma-separated integers, got {args.concurrency!r}")
+    if args.truth_scale <= 0 or (args.prior_scale is not None and args.prior_scale <= 0):
+        parser.error("--truth-scale and --prior-scale must be positive")
     if min(concurrencies) < 1 or args.max_tokens < 2:
         parser.error("--concurrency must be 1 or more and --max-tokens 2 or more")
     known = {"none", "ngram", "suffix", "ngramspec"}
@@ -197,14 +204,16 @@ def main(argv=None) -> int:
     with open(args.traces, encoding="utf-8") as handle:
         traces = [json.loads(line) for line in handle if line.strip()][: args.limit]
     traces = [dict(t, output_ids=t["output_ids"][: args.max_tokens]) for t in traces if len(t["output_ids"]) >= 2]
+    truth = VLLM_CPU_PRIOR.scaled(args.truth_scale) if args.truth_scale != 1 else VLLM_CPU_PRIOR
     results = []
-    print(f"{len(traces)} traces, outputs cut to {args.max_tokens} tokens, step cost: the vLLM CPU engine's")
+    print(f"{len(traces)} traces, outputs cut to {args.max_tokens} tokens, step cost: the vLLM CPU engine's"
+          + (f" with its excess x{args.truth_scale:g}" if args.truth_scale != 1 else ""))
     print("| concurrency | method | tokens per unit cost | vs none | MAT | drafts | drafted | accepted |")
     print("|---|---|---|---|---|---|---|---|")
     for concurrency in concurrencies:
         base = None
         for method in args.methods.split(","):
-            t = simulate(traces, method, concurrency, VLLM_CPU_PRIOR, args.prior_scale)
+            t = simulate(traces, method, concurrency, truth, args.prior_scale)
             speed = t["tokens"] / t["cost"]
             base = speed if method == "none" else base
             ratio = f"{speed / base:.3f}x" if base else "-"

@@ -313,6 +313,16 @@ def test_vllm_scripts_reject_bad_lists_with_a_usage_error(module, argv, capsys):
     assert "expected" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--truth-scale", "0"], ["--prior-scale", "-2"]])
+def test_vllm_simulator_refuses_a_cost_scale_that_is_not_positive(argv, capsys):
+    from eval import vllm_sim
+
+    with pytest.raises(SystemExit) as exit_info:
+        vllm_sim.main(argv)
+    assert exit_info.value.code == 2
+    assert "--truth-scale and --prior-scale must be positive" in capsys.readouterr().err
+
+
 def test_propose_bench_replaces_requests_as_a_server_does(capsys):
     """--turnover T: each row's request is replaced every T steps (rows staggered), the new
     text read from its start, and no row runs past its text; T above --steps is refused."""
@@ -352,6 +362,28 @@ def test_vllm_bench_refuses_bad_rounds_and_prior_scale(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         vllm_bench.main(args)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_vllm_bench_pairs_each_round_with_that_rounds_plain_run():
+    """A machine that slows down between rounds moves the medians of tok/s; the paired ratio
+    (each round's tok/s over that round's no-speculation tok/s, then the median) does not."""
+    from eval.vllm_bench import markdown, median_runs, summarise
+
+    items = [{"family": "rewriting"}, {"family": "code_editing"}]
+    outputs = [[1] * 60, [2] * 40]  # 100 tokens
+    spec = {"drafts": 10, "draft_tokens": 30, "accepted_tokens": 20}
+
+    def run(seconds):
+        return {"outputs": outputs, "seconds": seconds, "item_seconds": [], "spec": spec}
+
+    # Plain runs take 10, 40 and 20 s (the machine's speed drifts between rounds); the drafter
+    # is 1.25x as fast in the first two rounds and half as fast in the third.
+    rounds = [{(16, "none"): run(s), (16, "fast"): run(s / r)} for s, r in ((10.0, 1.25), (40.0, 1.25), (20.0, 0.5))]
+    rows = summarise(median_runs(rounds), items)
+    fast = next(r for r in rows if r["method"] == "fast" and r["family"] == "overall")
+    assert fast["vs_none_paired"] == pytest.approx(1.25)  # median of 1.25, 1.25, 0.5
+    assert fast["vs_none"] == pytest.approx(20.0 / 32.0)  # median 32 s against median 20 s
+    assert "| 16 | fast | 3.1 | 0.62x | 1.250x |" in markdown(rows)
 
 
 def test_vllm_simulator_emits_every_trace_token_and_prices_drafts_by_the_true_cost():
