@@ -178,9 +178,9 @@ def markdown(rows: list[dict]) -> str:
         if r["family"] == "overall":
             each = ", ".join(f"{t:.1f}" for t in r["rounds_tok_s"])
             paired = f"{r['vs_none_paired']:.3f}x" if "vs_none_paired" in r else "-"
-            lines.append(f"| {r['concurrency']} | {r['method']} | {r['tok_s']:.1f} | {r['vs_none']:.2f}x | {paired} | {each} | "
-                         f"{r['mat_all_steps']:.2f} | {r['mat_drafted_steps']:.2f} | {r['drafted_per_draft']:.1f} | "
-                         f"{100 * r['identical']:.0f}% |")
+            lines.append(f"| {r['concurrency']} | {r['method']} | {r['tok_s']:.1f} | {r['vs_none']:.2f}x | "
+                         f"{paired} | {each} | {r['mat_all_steps']:.2f} | {r['mat_drafted_steps']:.2f} | "
+                         f"{r['drafted_per_draft']:.1f} | {100 * r['identical']:.0f}% |")
     return "\n".join(lines) + "\n"
 
 
