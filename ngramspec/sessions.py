@@ -141,11 +141,11 @@ def _propose(s, limit, streams, tables, state, evidence, pool, pending, history,
         if start < 0 and n > 0:
             start = found
             contested = stream[found] != stream[other]  # (both continue before the stream's end)
-        if start < 0 and history_length > 0:
-            n, found, _ = index_find(history, stream[max(0, length - max_n) : length], min_n, max_n, True,
-                                     history_slots)
-            if n > 0 and found < history_length and history[found] != SEPARATOR:
-                start, own, match = found, False, n
+        if history_length > 0 and n < max_n:  # a longer match in earlier outputs wins
+            hn, found, _ = index_find(history, stream[max(0, length - max_n) : length], min_n, max_n, True,
+                                      history_slots)
+            if hn > n and found < history_length and history[found] != SEPARATOR:
+                start, own, match, contested = found, False, hn, False
     if start < 0:
         return 0
     drafted = 0

@@ -101,7 +101,8 @@ class SpeculationSession:
     3. **fuzzy re-alignment**: right after the copy broke (the model changed a word), the place
        in the copied span that best aligns with what was emitted since (Levenshtein over tokens,
        by rapidfuzz), so copying resumes before min_n exact tokens match again;
-    4. the speculator's **history** of earlier outputs, when this request has no match.
+    4. the speculator's **history** of earlier outputs, when its match is longer than the
+       index's (none counts as 0).
 
     With ``tree_branches > 1`` the other candidates join the first as branches of a token tree.
     """
@@ -180,6 +181,7 @@ class SpeculationSession:
             found.append(_Candidate(self._cursor, self.config.max_n, stream))
             if wanted == 1:
                 return found
+        following = len(found)  # the copy cursor stays first
         recent = self.config.match == "recent"
         if wanted == 1:
             n, start, other = self.index.longest_match_occurrences()
@@ -196,9 +198,14 @@ class SpeculationSession:
             found.append(_Candidate(latest if recent else earliest, n, stream, contested=contested))
             if earliest != latest and wanted > 1:
                 found.append(_Candidate(earliest if recent else latest, n, stream, contested=contested))
-        if self._history is not None and not found:
+        if self._history is not None and longest < self.config.max_n:
+            # Earlier outputs win where they match a longer context than this request's own
+            # text does (a longer match predicts better: on dialogue summaries the shared
+            # phrasing of earlier answers); otherwise they are one more branch.
             n, start = self._history.find(stream[max(0, length - self.config.max_n) : length])
-            if n:
+            if n > longest:
+                found.insert(following, _Candidate(start, n, self._history.tokens, own=False))
+            elif n:
                 found.append(_Candidate(start, n, self._history.tokens, own=False))
         unique, seen = [], set()
         for c in found:

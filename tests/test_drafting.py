@@ -66,6 +66,19 @@ def test_history_drafts_from_an_earlier_output():
     assert alone.propose().tokens.tolist() == []
 
 
+def test_a_longer_match_in_history_outranks_a_shorter_one_in_the_request():
+    """Earlier outputs continued "7 8 9" with 30 31; this request's own text has only "8 9"
+    (followed by 40): the longer context wins. With its own "7 8 9" (followed by 50) the
+    request's text wins again (the two matches are equally long)."""
+    spec = NgramSpeculator(min_n=1, max_n=4, max_draft_tokens=2, payoff_sizing=False, fuzzy_resync=False,
+                           history_tokens=64)
+    first = spec.start(np.array([1]))
+    first.extend([7, 8, 9, 30, 31, 32])
+    first.finish()
+    assert spec.start(np.array([8, 9, 40, 41, 7, 8, 9])).propose().tokens.tolist() == [30, 31]
+    assert spec.start(np.array([7, 8, 9, 50, 51, 7, 8, 9])).propose().tokens.tolist() == [50, 51]
+
+
 def test_history_is_bounded_and_keeps_the_newest():
     spec = NgramSpeculator(history_tokens=32)
     for i in range(20):
