@@ -11,8 +11,9 @@ the same pooled over every slot). :func:`draft_rows` does, for each row, exactly
 what one :class:`~ngramspec.speculator.SpeculationSession` does for a chain draft with
 ``sized=False``: learn from the pending draft (``verified`` of its tokens were checked), append
 the row's new tokens, move the copy cursor, then draft from the cursor, the index, fuzzy
-re-alignment or the shared history, in that order. ``SpeculationSession`` is the reference:
-``tests/test_sessions.py`` (Hypothesis) pins drafts, acceptance estimates and cursor state to it.
+re-alignment or the shared history (first where it matches a longer context than the index).
+``SpeculationSession`` is the reference: ``tests/test_sessions.py`` (Hypothesis) pins drafts,
+acceptance estimates and cursor state to it.
 
 Worked example (min_n=1, max_n=3, one row): a new slot gets ``[5 6 7 5 6]`` as its new tokens;
 the suffix ``(5 6)`` last ended at position 1, so the draft copies from position 2, periodic
