@@ -66,6 +66,9 @@ FUZZY_WINDOW = 12
 FUZZY_CONTEXT = 6
 FUZZY_AHEAD = 16
 FUZZY_BELOW_N = 3
+# Edit recurrence: an edit spans at most EDIT_SPAN tokens; a session remembers MAX_EDITS.
+EDIT_SPAN = 8
+MAX_EDITS = 8
 # Tree branches may add positions while the forward costs at most this much more than the chain.
 TREE_COST_SLACK = 0.1
 # With a cost model that has not yet timed a one-token forward at this context, a draft whose
@@ -104,6 +107,9 @@ class SpeculationSession:
     4. the speculator's **history** of earlier outputs, when its match is longer than the
        index's (none counts as 0).
 
+    With ``edit_recurrence``, a copy from the prompt applies the edits this request has made to
+    it so far (what the output wrote in place of a prompt span before copying resumed).
+
     With ``tree_branches > 1`` the other candidates join the first as branches of a token tree.
     """
 
@@ -127,9 +133,12 @@ class SpeculationSession:
         self._cost_model = fixed_cost_model(config) if cost_model is None else cost_model
         self._evidence = new_evidence()
         self._pool = new_evidence() if pool is None else pool
-        self._pending = None  # (chain tokens, their source and the match they continue, own-stream branch starts)
+        # (chain tokens, their source and the match they continue, own-stream branch starts, edit applied)
+        self._pending = None
         self._cursor = -1  # stream position of the token expected next while copying, or -1
         self._lost = (-1, -1)  # (stream length, source position) where the last copy broke
+        self._edits: dict[tuple, tuple] = {}  # replaced prompt tokens -> what the output wrote instead
+        self._edit_break = -1  # the break (stream length) an edit was last learned from
         self._finished = False
 
     @property
@@ -155,7 +164,7 @@ class SpeculationSession:
         if not candidates:
             return Draft(_NO_TOKENS)
         first = candidates[0]
-        tokens = self._continuation(first, limit)
+        tokens, edited = self._continuation(first, limit)
         match = match_length(self.index.tokens, self.index.length, first.start) if first.own else first.match_len
         source = HISTORY if not first.own else CONTESTED if first.contested else OWN
         acceptance = np.zeros(len(tokens))
@@ -169,7 +178,7 @@ class SpeculationSession:
         if len(candidates) > 1:
             tokens, parents = self._tree(tokens, candidates[1:], limit)
         branch_starts = tuple(c.start for c in candidates if c.own)
-        self._pending = (tokens[: limit], source, match, branch_starts)
+        self._pending = (tokens[: limit], source, match, branch_starts, edited)
         return Draft(tokens, parents, match_len=first.match_len, source_start=first.start, acceptance=acceptance)
 
     def _candidates(self, wanted: int) -> list[_Candidate]:
@@ -216,15 +225,65 @@ class SpeculationSession:
                     break
         return unique
 
-    def _continuation(self, c: _Candidate, limit: int) -> np.ndarray:
+    def _continuation(self, c: _Candidate, limit: int) -> tuple[np.ndarray, tuple | None]:
+        """Up to ``limit`` tokens copied from ``c``, and the first learned edit applied to them
+        as (what it replaces, its draft position), or None."""
         if c.own:
             # The copied span may run into the suffix itself (start + limit > length): the text
             # is then periodic with period length - start, and the draft continues the period
             # (a run "a b a b a" drafts "b a b a ..."), which np.resize does by repetition.
-            return np.resize(self.index.tokens[c.start : self.index.length], limit).astype(np.int32, copy=False)
+            copied = np.resize(self.index.tokens[c.start : self.index.length], limit).astype(np.int32, copy=False)
+            if self._edits and c.start < self.prompt_length:
+                return self._apply_edits(copied, limit)
+            return copied, None
         copied = np.ascontiguousarray(c.source[c.start : c.start + limit], dtype=np.int32)
         end = np.flatnonzero(copied == SEPARATOR)  # a history copy stops where its output ended
-        return copied[: end[0]] if end.size else copied
+        return (copied[: end[0]] if end.size else copied), None
+
+    def _apply_edits(self, copied: np.ndarray, limit: int) -> tuple[np.ndarray, tuple | None]:
+        """Edits recur: where copied prompt text holds a span the output has replaced before (a
+        rename, a spelling fix), draft the replacement instead. Returns the draft and the first
+        edit applied as (replaced span, draft position), or None."""
+        tokens, out, j, first = copied.tolist(), [], 0, None
+        while j < len(tokens) and len(out) < limit:
+            for before, after in self._edits.items():
+                if tuple(tokens[j : j + len(before)]) == before:
+                    if first is None:
+                        first = (before, len(out))
+                    out.extend(after)
+                    j += len(before)
+                    break
+            else:
+                out.append(tokens[j])
+                j += 1
+        if first is None:
+            return copied, None
+        return np.array(out[:limit], dtype=np.int32), first
+
+    def _learn_edit(self, old_length: int, source: int) -> None:
+        """The copy resumed at prompt position ``source`` (the text up to ``old_length``
+        emitted) after it broke: what the output wrote in place of the prompt's tokens is an
+        edit that may recur."""
+        lost_at, lost_source = self._lost
+        if lost_at < 0 or lost_at == self._edit_break or not 0 < old_length - lost_at <= EDIT_SPAN:
+            return
+        if not 0 <= source - lost_source <= EDIT_SPAN or source > self.prompt_length:
+            return
+        stream = self.index.tokens
+        before = stream[lost_source:source].tolist()
+        after = stream[lost_at:old_length].tolist()
+        while before and after and before[-1] == after[-1]:
+            before.pop()
+            after.pop()
+        while before and after and before[0] == after[0]:
+            before.pop(0)
+            after.pop(0)
+        if before and before != after:
+            self._edit_break = lost_at
+            self._edits.pop(tuple(before), None)
+            self._edits[tuple(before)] = tuple(after)
+            while len(self._edits) > MAX_EDITS:
+                self._edits.pop(next(iter(self._edits)))
 
     def _tree(self, chain: np.ndarray, others: list[_Candidate], limit: int):
         """Merge other candidates' continuations into a trie rooted at the last token.
@@ -241,7 +300,7 @@ class SpeculationSession:
         children = {(p, int(t)): i for i, (p, t) in enumerate(zip(parents, tokens))}
         for c in others:
             parent = -1
-            for t in self._continuation(c, limit).tolist():
+            for t in self._continuation(c, limit)[0].tolist():
                 if (parent, t) in children:
                     parent = children[(parent, t)]
                     continue
@@ -310,18 +369,24 @@ class SpeculationSession:
         branch_starts: tuple = ()
         if self._pending is not None:
             # Learn from the last draft: how many tokens of its first chain the target kept.
-            draft, source, match, branch_starts = self._pending
+            draft, source, match, branch_starts, edited = self._pending
             if verified is not None:
                 draft = draft[:verified]
                 if verified == 0:  # not verified at all: let old evidence fade, as sizing does
                     fade(self._evidence, source, match, self.config.acceptance_memory)
             kept = accepted_length(draft, None, tokens)
+            if edited is not None and kept == edited[1] < len(draft):
+                self._edits.pop(edited[0], None)  # the target refused the edit here: forget it
             learn(self._evidence, self._pool, source, match, kept, len(draft))
             self._pending = None
         elif verified:
             raise ValueError("extend(verified=...) given, but no draft is pending.")
         old_length = self.index.length
         self.index.append(tokens)
+        if self.config.edit_recurrence and branch_starts and tokens.size >= 2:
+            source = branch_starts[0]  # where the chain was copied from
+            if np.array_equal(self.index.tokens[source : source + 2], tokens[:2]):  # the copy resumed
+                self._learn_edit(old_length, source)
         self._follow_copy(old_length, tokens, branch_starts)
 
     def _follow_copy(self, old_length: int, tokens: np.ndarray, branch_starts: tuple) -> None:

@@ -273,6 +273,9 @@ class Proposer:
         base = SpeculatorConfig(max_draft_tokens=self.max_draft, max_tree_tokens=max(24, self.max_draft),
                                 history_tokens=HISTORY_TOKENS)
         config = SpeculatorConfig.from_overrides(text, base=base)
+        if config.edit_recurrence:
+            raise ValueError(f"{SETTINGS_ENV} sets edit_recurrence=true, which the batched vLLM drafter does not "
+                             "implement; it applies to generate() and the ngramspec commands. Remove it here.")
         # The step cost's prior: a measured file, else a one-request curve from the settings
         # (verify_cost=1:1.0,...; "auto" is the default), else this project's measurement on a
         # 2-core CPU. Whichever it is, the engine's own steps correct it (OnlineCost.observe_step).

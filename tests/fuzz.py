@@ -11,7 +11,7 @@ logit gap; built once per (family, model seed, window) and reused), a prompt wit
 repeats (copies of earlier spans, copies with a substitution/insertion/deletion, loops), random
 speculator settings (only valid SpeculatorConfig combinations: n-gram sizes, draft length,
 match policy, payoff sizing, verify_cost None = the online cost model or a fixed curve,
-acceptance prior/memory, copy cursor, fuzzy resync, token trees, shared history), and a
+acceptance prior/memory, copy cursor, fuzzy resync, token trees, shared history, edit recurrence), and a
 generation path: one prompt or a left-padded batch of 2-3 rows with its attention mask; logits
 processors (repetition_penalty, no_repeat_ngram_size, min_new_tokens, suppress_tokens,
 bad_words_ids, prefix_allowed_tokens_fn, a user LogitsProcessor); a user StoppingCriteria; stop
@@ -191,6 +191,7 @@ def draw_settings(rng) -> dict:
         fuzzy_resync=bool(rng.random() < 0.6),
         tree_branches=1 if rng.random() < 0.6 else int(rng.integers(2, 5)),
         history_tokens=0 if rng.random() < 0.7 else int(rng.choice([40, 300, 5000])),
+        edit_recurrence=bool(rng.random() < 0.3),
     )
     settings["max_tree_tokens"] = max_draft + int(rng.choice([0, 2, 8, 16]))
     return settings

@@ -222,3 +222,59 @@ def test_history_stays_within_its_bound_under_eviction():
     for output in outputs[:3]:
         tiny.history.add(output)
         assert tiny.history.index.length <= 1
+
+
+def test_a_recurring_edit_is_drafted_where_the_copied_prompt_repeats_it():
+    # The prompt holds 7 twice; the output copies it, writes 8 for the first 7 and copies on.
+    prompt = [1, 10, 11, 7, 12, 13, 14, 15, 16, 7, 17, 18, 19, 2, 10, 11]
+    on = session_of(prompt, min_n=1, max_draft_tokens=6, edit_recurrence=True)
+    off = session_of(prompt, min_n=1, max_draft_tokens=6, edit_recurrence=False)
+    for s in (on, off):
+        assert s.propose().tokens.tolist() == [7, 12, 13, 14, 15, 16]
+        s.extend([8])  # the edit: 8 where the prompt holds 7
+        assert s.propose().tokens.tolist() == []  # "8" occurs nowhere before
+        s.extend([12])
+        assert s.propose().tokens.tolist() == [13, 14, 15, 16, 7, 17]  # "12": copying resumes
+        s.extend([13, 14])
+    assert on._edits == {(7,): (8,)}  # learned when the copy resumed
+    assert off.propose().tokens.tolist() == [15, 16, 7, 17, 18, 19]
+    assert on.propose().tokens.tolist() == [15, 16, 8, 17, 18, 19]  # the edit recurs in the draft
+    on.extend([15, 16, 7])  # the target refuses it here
+    assert on._edits == {}
+
+
+def test_edits_recur_through_a_renamed_text():
+    """A text whose output renames one 2-token name to a 1-token one throughout (the edit
+    recurs 40 times): with edit recurrence drafts carry the new name, and greedy decoding
+    needs under half the verify passes (replay counts them exactly)."""
+    from ngramspec.replay import replay
+
+    rng = np.random.default_rng(0)
+    old, new = [7, 9], [8]
+    prompt, output = [1, 2, 3], []
+    for _ in range(20):  # lines: 12 random tokens with the name placed twice
+        body = rng.integers(100, 5000, size=12).tolist()
+        a, b = sorted(rng.choice(range(1, 12), size=2, replace=False))
+        prompt += body[:a] + old + body[a:b] + old + body[b:]
+        output += body[:a] + new + body[a:b] + new + body[b:]
+    prompt += [4, 5]
+    passes = {on: replay(NgramSpeculator(edit_recurrence=on).start(prompt), output).stats.target_forwards
+              for on in (False, True)}
+    assert passes[True] < 0.5 * passes[False]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_edit_recurrence_is_exact(tiny_model, seed):
+    """Greedy with edit recurrence equals plain greedy (edits change drafts, never outputs)."""
+    rng = np.random.default_rng(seed)
+    spec = NgramSpeculator(min_n=1, edit_recurrence=True)
+    for _ in range(6):
+        phrase = rng.integers(2, 40, size=int(rng.integers(3, 12)))
+        edited = phrase.copy()
+        edited[int(rng.integers(len(phrase)))] = int(rng.integers(2, 40))
+        prompt = np.concatenate([phrase, edited, phrase, rng.integers(2, 40, size=5), phrase])
+        ids = torch.tensor([prompt.tolist()])
+        max_new = int(rng.integers(5, 80))
+        expected = plain_generate(tiny_model, ids, max_new_tokens=max_new)
+        got = tiny_model.generate(ids, max_new_tokens=max_new, ngram_speculator=spec)
+        assert got.tolist() == expected.tolist()

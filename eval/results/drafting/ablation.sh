@@ -7,7 +7,7 @@ BASE="min_n=2,copy_cursor=false,fuzzy_resync=false"   # the drafter before these
 STEEP="1:1.0,2:1.1,3:1.17,4:1.6,8:1.94,11:2.3,16:2.45,32:2.9"  # ../shared/GUIDE.md's 2-core curve
 variants() {  # $1: extra settings for every ngramspec variant (e.g. its cost curve)
   local x=${1:+,$1}
-  echo "hf-rule,vllm-rule,oracle,ngramspec:$BASE$x,ngramspec:$BASE,copy_cursor=true$x,ngramspec:$BASE,fuzzy_resync=true$x,ngramspec:$BASE,min_n=1$x,ngramspec:$BASE,tree_branches=3$x,ngramspec:$BASE,history_tokens=50000$x,ngramspec:$BASE,payoff_sizing=false$x,ngramspec:min_n=1,copy_cursor=true,fuzzy_resync=true$x,ngramspec:min_n=1,copy_cursor=true,fuzzy_resync=true,tree_branches=3$x,ngramspec:min_n=1,copy_cursor=true,fuzzy_resync=true,history_tokens=50000$x"
+  echo "hf-rule,vllm-rule,oracle,ngramspec:$BASE$x,ngramspec:$BASE,copy_cursor=true$x,ngramspec:$BASE,fuzzy_resync=true$x,ngramspec:$BASE,min_n=1$x,ngramspec:$BASE,tree_branches=3$x,ngramspec:$BASE,history_tokens=50000$x,ngramspec:$BASE,payoff_sizing=false$x,ngramspec:$BASE,edit_recurrence=true$x,ngramspec:min_n=1,copy_cursor=true,fuzzy_resync=true$x,ngramspec:min_n=1,copy_cursor=true,fuzzy_resync=true,tree_branches=3$x,ngramspec:min_n=1,copy_cursor=true,fuzzy_resync=true,history_tokens=50000$x,ngramspec:min_n=1,copy_cursor=true,fuzzy_resync=true,edit_recurrence=true$x"
 }
 # 1. The cost curve measured on this machine (the default verify_cost): sizing and costing agree.
 "${PYTHON:-python}" -m eval replay "$TRACES" --methods "$(variants)" --out eval/results/drafting/replay_cpu_curve
