@@ -81,7 +81,8 @@ def _main(argv=None) -> int:
                           help="comma-separated drafters: hf-rule (transformers' prompt lookup: n=2..1, left-most, "
                                "10 tokens), vllm-rule[:min_n=1,max_n=4,k=5] (longest match, earliest occurrence), "
                                "ngramspec[:settings], oracle[:k=24] (an upper bound: any earlier copy, exact "
-                               "acceptance, cost-optimal sizes; eval/oracle.py)")
+                               "acceptance, cost-optimal sizes; eval/oracle.py), truth-sized[:settings] "
+                               "(ngramspec's drafts, each cut to what the target accepts: the bound of perfect sizing)")
     p_replay.add_argument("--cost", default=None,
                           help="verify-cost curve 'q:cost,...' relative to one token (default: the measured CPU curve)")
     p_replay.add_argument("--eos", default="2", help="EOS ids for the hf-rule's EOS cut (default 2, SmolLM2's)")

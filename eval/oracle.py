@@ -1,4 +1,4 @@
-"""An upper bound for exact lookup drafting, in replay: ``python -m eval replay T --methods oracle``.
+"""Upper bounds for exact lookup drafting, in replay: ``python -m eval replay T --methods oracle,truth-sized``.
 
 The oracle knows the whole greedy output. At every step it may copy from ANY earlier place in
 the text whose preceding token equals the last emitted one (the weakest suffix match, n = 1),
@@ -9,6 +9,13 @@ earlier text and is verified exactly can need less verify cost on the same trace
 Worked example (prompt "a b c d", output "b c x"): after the prefill emitted "b", the last
 token "b" occurred at position 1, followed by "c d"; the output continues "c x", so the copy
 holds for 1 token: one step verifies [b, c] and emits "c" plus the target's "x".
+
+``truth-sized[:settings]`` splits the oracle's lead over ngramspec in two: ngramspec's own
+drafts (same sources, same settings), each cut to exactly the tokens the target accepts, so no
+verified position is wasted and none that would be accepted is left out. The gap from ngramspec
+to it is what draft sizing loses to not knowing acceptance in advance; the gap from it to the
+oracle is what choosing among earlier copies loses. With history off it never beats the oracle
+(each of its drafts is one the oracle may choose).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ngramspec.config import SpeculatorConfig
+from ngramspec.verify import accepted_length
 
 # The oracle drafts as far as ngramspec's default may (a bound must not draft less).
 ORACLE_MAX_DRAFT = SpeculatorConfig().max_draft_tokens
@@ -59,3 +67,24 @@ def oracle_replay(prompt_ids, output_ids, cost, max_draft: int = ORACLE_MAX_DRAF
         best[p], k = min(options)
         steps[p] = 1 + steps[p + k + 1]
     return n, 1 + int(steps[1]), 1.0 + float(best[1])
+
+
+def truth_sized_replay(session, output_ids, cost) -> tuple[int, int, float]:
+    """(new tokens, target forwards, total verify cost) when ``session`` (an ngramspec session
+    started on the trace's prompt) drafts as usual but each draft is cut to what the target
+    accepts (the replay loop of :func:`ngramspec.replay.replay`, with the truth sizing)."""
+    output = np.asarray(output_ids, dtype=np.int32)
+    n = len(output)
+    if n == 0:
+        return 0, 0, 0.0
+    session.extend(output[:1])  # the prefill's token
+    pos, forwards, total = 1, 1, 1.0
+    while pos < n:
+        draft = session.propose(max_tokens=n - pos - 1, sized=False, tree=False)
+        kept = accepted_length(draft.tokens, None, output[pos : pos + len(draft)])
+        total += cost(kept + 1)
+        forwards += 1
+        session.extend(output[pos : pos + kept + 1], verified=kept)
+        pos += kept + 1
+    session.finish()
+    return n, forwards, total

@@ -19,7 +19,7 @@ from ngramspec.replay import replay
 
 from .drafters import make_drafter
 from .methods import split_methods
-from .oracle import ORACLE_MAX_DRAFT, oracle_replay
+from .oracle import ORACLE_MAX_DRAFT, oracle_replay, truth_sized_replay
 
 
 def load_traces(path) -> list[dict]:
@@ -39,18 +39,23 @@ def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eo
     results = {}
     for name in drafter_names:
         groups = defaultdict(lambda: defaultdict(float))
-        oracle = name == "oracle" or name.startswith("oracle:")
-        if oracle:  # an upper bound, not a drafter: see eval/oracle.py
-            max_draft = int(parse_settings(name.partition(":")[2]).get("k", ORACLE_MAX_DRAFT))
+        kind, _, settings = name.partition(":")
+        oracle, truth_sized = kind == "oracle", kind == "truth-sized"  # upper bounds: see eval/oracle.py
+        if oracle:
+            max_draft = int(parse_settings(settings).get("k", ORACLE_MAX_DRAFT))
         else:
-            drafter = make_drafter(name, eos_token_ids)
-            if name.startswith("ngramspec") and "verify_cost" not in name:  # size drafts by the scoring curve
+            drafter = make_drafter("ngramspec:" + settings if truth_sized else name, eos_token_ids)
+            if kind == "ngramspec" and "verify_cost" not in name:  # size drafts by the scoring curve
                 drafter = type(drafter)(drafter.config, verify_cost=cost.points)
         for trace in traces:
-            if oracle:
-                tokens, forwards, total = oracle_replay(trace["prompt_ids"], trace["output_ids"], cost, max_draft)
-                drafted, drafter_s = tokens - forwards, 0.0  # every oracle draft is accepted
-                draft_steps, accepted = 0, 0  # not counted: the schedule is a cost optimum, not steps
+            if oracle or truth_sized:
+                if oracle:
+                    tokens, forwards, total = oracle_replay(trace["prompt_ids"], trace["output_ids"], cost, max_draft)
+                else:
+                    tokens, forwards, total = truth_sized_replay(drafter.start(trace["prompt_ids"]),
+                                                                 trace["output_ids"], cost)
+                drafted, drafter_s = tokens - forwards, 0.0  # every draft of a bound is accepted
+                draft_steps, accepted = 0, 0  # not counted: bounds, not drafters
             else:
                 result = replay(drafter.start(trace["prompt_ids"]), trace["output_ids"], cost)
                 s = result.stats

@@ -241,9 +241,10 @@ def test_cli_bad_input_gives_a_message_and_exit_2(tmp_path, args, message, capsy
 
 def test_oracle_bounds_every_drafter_on_real_traces():
     """The oracle (any earlier copy, exact acceptance, cost-optimal sizes) never needs more verify
-    cost than a real drafter on the same trace; its worked example holds."""
+    cost than a real drafter, or than ngramspec's drafts sized by the truth, on the same trace;
+    the worked example holds for both bounds."""
     from eval.drafters import make_drafter
-    from eval.oracle import copy_lengths, oracle_replay
+    from eval.oracle import copy_lengths, oracle_replay, truth_sized_replay
     from eval.replay import load_traces
     from ngramspec.costs import DEFAULT_CPU_CURVE as cost
     from ngramspec.replay import replay
@@ -257,6 +258,13 @@ def test_oracle_bounds_every_drafter_on_real_traces():
         for name in ("hf-rule", "ngramspec"):
             result = replay(make_drafter(name, (2,)).start(trace["prompt_ids"]), trace["output_ids"], cost)
             assert total <= result.cost + 1e-9, (trace["id"], name)
+        # ngramspec's drafts cut to what the target accepts: each one is a draft the oracle may choose
+        session = make_drafter("ngramspec", (2,)).start(trace["prompt_ids"])
+        sized = truth_sized_replay(session, trace["output_ids"], cost)
+        assert sized[0] == tokens and total <= sized[2] + 1e-9, trace["id"]
+    # The worked example: "b" was followed by "c" in the prompt; the copy holds for one token.
+    session = make_drafter("ngramspec", (2,)).start([1, 2, 3, 4])
+    assert truth_sized_replay(session, [2, 3, 9], cost) == (3, 2, 1.0 + cost(2))
 
 
 @needs_data

@@ -7,7 +7,7 @@ set -euo pipefail
 PY=${PYTHON:-.venv-vllm/bin/python}
 TRACES=../shared/traces/smollm2_shared_greedy.jsonl
 OUT=eval/results/replay_peers
-METHODS="hf-rule,vllm-rule,suffix,suffix-global,ngramspec,ngramspec:history_tokens=100000,oracle"
+METHODS="hf-rule,vllm-rule,suffix,suffix-global,ngramspec,ngramspec:history_tokens=100000,truth-sized,oracle"
 # This CPU at 400 tokens of context (the default curve), at 2,000 (OnlineCost's prior there),
 # and GUIDE.md's steeper 2-core curve.
 CPU2K="1:1,2:1.29,3:1.38,4:1.63,5:1.71,6:1.76,8:1.93,10:2.1,12:2.17,16:2.16,24:2.38,32:2.65,48:3.97,64:5.3"
