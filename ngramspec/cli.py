@@ -63,18 +63,35 @@ def _config_options(parser: argparse.ArgumentParser) -> None:
     from .config import SpeculatorConfig
 
     group = parser.add_argument_group("speculator settings (defaults from SpeculatorConfig)")
+    described = SpeculatorConfig.describe()
     for f in dataclasses.fields(SpeculatorConfig):
-        if f.type in ("tuple",) or isinstance(f.default, tuple):
-            continue
         flag = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):
             group.add_argument(flag, dest=f.name, default=f.default, action=argparse.BooleanOptionalAction,
-                               help=f"(default: {f.default})")
+                               help=described[f.name])
         else:
-            group.add_argument(flag, dest=f.name, default=f.default, type=type(f.default), metavar=f.name.upper(),
-                               help=f"(default: {f.default})")
+            # verify_cost's default None is "auto" (argparse passes a text default through type)
+            default, text = f.default, described[f.name]
+            if f.name == "verify_cost":
+                default = "auto"
+                text += " Or a fixed curve, q:cost pairs relative to one token: 1:1.0,8:1.5,24:2.0."
+            group.add_argument(flag, dest=f.name, default=default, type=_setting_parser(f.name),
+                               metavar=f.name.upper(), help=text)
     group.add_argument("--no-speculation", action="store_true",
                        help="plain decoding, for comparison (same output when greedy, just slower)")
+
+
+def _setting_parser(name: str):
+    """argparse ``type`` for a SpeculatorConfig field: its own parser, its own error message."""
+    from .config import SpeculatorConfig
+
+    def parse(text: str):
+        try:
+            return SpeculatorConfig.parse_value(name, text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@ one parser of ``name=value,...`` settings text that every command line uses."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 
 from .costs import DEFAULT_CPU_CURVE, CostCurve
@@ -58,7 +59,7 @@ class SpeculatorConfig:
             speculator's earlier ones (:mod:`ngramspec.acceptance`); a draft that is not
             expected to pay is not proposed (a plain step). False:
             always draft as much as the match offers, up to ``max_draft_tokens``.
-        verify_cost: None (the default, "auto"): draft sizing asks a cost model that knows
+        verify_cost: None, "auto" on a command line (the default): draft sizing asks a cost model that knows
             the context length and refines itself from the decode loop's own forward timings
             (:class:`~ngramspec.costmodel.OnlineCost`; its prior was measured on a 2-core CPU
             at 400, 2,000 and 8,000 tokens of context). Or ``((q, relative_cost), ...)``: a
@@ -150,6 +151,20 @@ class SpeculatorConfig:
             object.__setattr__(self, "verify_cost", CostCurve(self.verify_cost).points)
 
     @classmethod
+    def describe(cls) -> dict[str, str]:
+        """Each setting's first sentence from the Attributes section above (for --help texts)."""
+        described, name = {}, None
+        for line in (cls.__doc__ or "").partition("Attributes:")[2].splitlines():
+            head, sep, rest = line.strip().partition(": ")
+            if line.startswith(" " * 8) and not line.startswith(" " * 9) and sep and head.isidentifier():
+                name, described[head] = head, rest
+            elif name is not None and line.strip():
+                described[name] += " " + line.strip()
+        plain = {n: re.sub(r"``([^`]+)``", r"\1", re.sub(r":\w+:`~?([^`]+)`", r"\1", text))  # no Sphinx markup
+                 for n, text in described.items()}
+        return {n: text.split(". ")[0].rstrip(".") + "." for n, text in plain.items()}
+
+    @classmethod
     def parse_value(cls, name: str, text: str):
         """Convert a command-line string to the type of field ``name`` (for CLIs)."""
         defaults = {f.name: f.default for f in fields(cls)}
@@ -167,7 +182,8 @@ class SpeculatorConfig:
         try:
             return type(default)(text)
         except ValueError:
-            raise ValueError(f"{name} must be a {type(default).__name__}, got {text!r}") from None
+            kind = {"int": "an integer", "float": "a number"}.get(type(default).__name__, type(default).__name__)
+            raise ValueError(f"{name} must be {kind}, got {text!r}") from None
 
     @classmethod
     def from_overrides(cls, text: str, base: SpeculatorConfig | None = None) -> SpeculatorConfig:

@@ -71,7 +71,7 @@ def test_overrides_from_text():
         SpeculatorConfig.from_overrides("n_max=3")
     with pytest.raises(ValueError, match="payoff_sizing must be true or false"):
         SpeculatorConfig.from_overrides("payoff_sizing=maybe")
-    with pytest.raises(ValueError, match="max_n must be a int"):
+    with pytest.raises(ValueError, match="max_n must be an integer"):
         SpeculatorConfig.from_overrides("max_n=four")
 
 
