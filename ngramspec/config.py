@@ -95,7 +95,7 @@ class SpeculatorConfig:
             drafts copied from the prompt write B where the prompt holds A (a rename, a spelling
             fix applied throughout); an edit the target refuses is forgotten. Opt-in, and not in
             the vLLM drafter: replay of the 220 greedy traces moves -0.1% to +0.1% (their edits
-            rarely recur); a rename repeated through a text drafts 2.6x more tokens per step.
+            rarely recur); a rename repeated through a text needs 27 verify passes instead of 119.
     """
 
     min_n: int = 1
