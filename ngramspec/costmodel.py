@@ -104,7 +104,12 @@ class OnlineCost:
     def needs_baseline(self, context: int, rows: int = 1) -> bool:
         """Too few plain-step timings of ``rows`` rows at this context to measure relative
         costs here (never, where the model does not learn)."""
-        return self.learn and self._median(rows, self.bucket(context), rows) is None
+        if not self.learn:
+            return False
+        key = (rows, self.bucket(context), rows)
+        with self._lock:  # what _median would find, without taking the median (a plain cell is never stale)
+            cell = self._cells.get(key)
+            return cell is None or len(cell) < (1 if key in self._retimed else self.MIN_SAMPLES)
 
     def _median(self, rows: int, bucket: int, tokens: int) -> float | None:
         key, base = (rows, bucket, tokens), (rows, bucket, rows)

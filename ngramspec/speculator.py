@@ -232,7 +232,10 @@ class SpeculationSession:
             # The copied span may run into the suffix itself (start + limit > length): the text
             # is then periodic with period length - start, and the draft continues the period
             # (a run "a b a b a" drafts "b a b a ..."), which np.resize does by repetition.
-            copied = np.resize(self.index.tokens[c.start : self.index.length], limit).astype(np.int32, copy=False)
+            if c.start + limit <= self.index.length:  # a copy, not a view: drafts must not alias the stream
+                copied = self.index.tokens[c.start : c.start + limit].copy()
+            else:
+                copied = np.resize(self.index.tokens[c.start : self.index.length], limit).astype(np.int32, copy=False)
             if self._edits and c.start < self.prompt_length:
                 return self._apply_edits(copied, limit)
             return copied, None

@@ -63,6 +63,11 @@ def accepted_length(draft, parents, continuation) -> int:
     """Draft tokens kept when the target continues with ``continuation`` (a recorded greedy
     output, or the tokens a step emitted): the deepest path whose tokens equal it."""
     n = len(continuation)
+    if parents is None:  # a chain: the common prefix (the walk below, without its per-step dict)
+        kept = 0
+        while kept < len(draft) and kept < n and draft[kept] == continuation[kept]:
+            kept += 1
+        return kept
 
     def recorded(row: int, emitted: list[int]) -> int | None:
         return int(continuation[len(emitted)]) if len(emitted) < n else None

@@ -1,8 +1,11 @@
 """The verify step on literal logits (no model): which draft tokens are kept, what is emitted,
 which prefixes the processors see, and what is recorded."""
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ngramspec import verify
 from ngramspec.verify import Verdict, accepted_length, follow, tree_layout, verify_step
@@ -137,3 +140,15 @@ def test_inverse_cdf_pick_never_emits_a_zero_probability_token():
     last_below_one = 1 - 2.0**-53
     assert verify.pick(scores, [0.0, last_below_one, 0.5]) == [3, 6, 6 if 0.5 > 1 / (1 + torch.e) else 3]
     assert verify.pick(scores, None) == [6, 6, 6]
+
+
+@given(st.lists(st.integers(0, 3), max_size=8), st.lists(st.integers(0, 3), max_size=10))
+def test_a_chain_keeps_what_the_tree_walk_keeps(draft, continuation):
+    """accepted_length's chain shortcut (a common prefix) equals the walk of follow() over the
+    same draft given as a tree whose every token follows the one before."""
+    def recorded(row, emitted):
+        return continuation[len(emitted)] if len(emitted) < len(continuation) else None
+
+    as_tree = len(follow(draft, list(range(-1, len(draft) - 1)), recorded)[1])
+    assert accepted_length(draft, None, continuation) == as_tree
+    assert accepted_length(np.array(draft, dtype=np.int32), None, np.array(continuation)) == as_tree
