@@ -48,12 +48,12 @@ def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eo
             if kind == "ngramspec" and "verify_cost" not in name:  # size drafts by the scoring curve
                 drafter = type(drafter)(drafter.config, verify_cost=cost.points)
         for trace in traces:
+            if oracle:
+                tokens, forwards, total = oracle_replay(trace["prompt_ids"], trace["output_ids"], cost, max_draft)
+            elif truth_sized:
+                tokens, forwards, total = truth_sized_replay(drafter.start(trace["prompt_ids"]), trace["output_ids"],
+                                                             cost)
             if oracle or truth_sized:
-                if oracle:
-                    tokens, forwards, total = oracle_replay(trace["prompt_ids"], trace["output_ids"], cost, max_draft)
-                else:
-                    tokens, forwards, total = truth_sized_replay(drafter.start(trace["prompt_ids"]),
-                                                                 trace["output_ids"], cost)
                 drafted, drafter_s = tokens - forwards, 0.0  # every draft of a bound is accepted
                 draft_steps, accepted = 0, 0  # not counted: bounds, not drafters
             else:

@@ -283,9 +283,9 @@ class SpeculationSession:
             after.pop(0)
         if before and before != after:
             self._edit_break = lost_at
-            self._edits.pop(tuple(before), None)
+            self._edits.pop(tuple(before), None)  # re-learned: it becomes the newest
             self._edits[tuple(before)] = tuple(after)
-            while len(self._edits) > MAX_EDITS:
+            if len(self._edits) > MAX_EDITS:  # the oldest goes
                 self._edits.pop(next(iter(self._edits)))
 
     def _tree(self, chain: np.ndarray, others: list[_Candidate], limit: int):
