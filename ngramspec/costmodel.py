@@ -434,6 +434,11 @@ class ForwardTimer:
         else:
             self.cost.observe(tokens, context, self.clock() - self._started, rows)
 
+    def finish(self) -> None:
+        """After the loop: its last step read the target's choices, a sync after every event
+        recorded, so the pending timings are complete and reach the cost model unwaited."""
+        self._read_completed()
+
     def _read_completed(self) -> None:
         while self._pending and self._pending[0][1].query():
             start, end, tokens, context, rows = self._pending.pop(0)

@@ -29,6 +29,7 @@ from . import verify
 from .costmodel import ForwardTimer
 from .metrics import DecodeStats
 from .speculator import batch_draft_length
+from .transfer import to_device
 
 
 class Target(Protocol):
@@ -99,17 +100,6 @@ class DecodeResult:
     stats: list[DecodeStats]  # one per row
     scores: list = field(default_factory=list)  # (B, V) per new-token index, if kept
     logits: list = field(default_factory=list)  # (B, V) per new-token index, if kept
-
-
-def to_device(values, device: torch.device, dtype=torch.long) -> torch.Tensor:
-    """Host values (a list, or a CPU tensor) on ``device`` without a host-device sync: on CUDA
-    the values go through pinned memory and an asynchronous copy (a copy from pageable memory
-    would wait for every kernel queued before it). The caching host allocator keeps the pinned
-    block until the copy has run."""
-    tensor = torch.as_tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
 
 
 class TokenBuffer:
@@ -230,6 +220,8 @@ def speculative_decode(prompt, prompt_mask, prompt_positions, sessions: list, ta
             declined = not drafts[a] and rows.proposals[a].source_start >= 0
             rows.stats[b].record_step(len(drafts[a]), len(verdicts[a].path), declined=declined)
 
+    if options.timer is not None:  # every timed forward reaches the cost model
+        options.timer.finish()
     if options.streamer is not None:
         options.streamer.end()
     return _result(rows, options, time.perf_counter() - wall_start)

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .transfer import to_device
+
 
 def follow(draft, parents, choice: Callable[[int, list[int]], int | None]) -> tuple[list[int], list[int]]:
     """Walk the draft along the target's choices (the rule above).
@@ -119,12 +121,24 @@ class Uniforms:
 def pick(scores: torch.Tensor, uniforms: list[float] | None) -> list[int]:
     """scores (N, V) -> every row's token, in one host-device sync: the argmax (``uniforms``
     None), else the inverse CDF of softmax(scores) at ``uniforms`` (N,). In float64, so that
-    u * total < total and a zero-probability token is never picked."""
+    u * total < total and a zero-probability token is never picked. The uniforms go to the
+    device asynchronously (a blocking upload would be a second sync); the read is the one."""
     if uniforms is None:
         return scores.argmax(-1).tolist()
     cdf = torch.softmax(scores.double(), dim=-1).cumsum(-1)  # (N, V)
-    at = cdf[:, -1:] * torch.as_tensor(uniforms, dtype=torch.float64).to(cdf.device)[:, None]  # (N, 1)
+    at = cdf[:, -1:] * to_device(uniforms, cdf.device, torch.float64)[:, None]  # (N, 1)
     return torch.searchsorted(cdf, at, right=True)[:, 0].clamp(max=cdf.shape[1] - 1).tolist()
+
+
+def row_prefixes(draft, parents) -> list[list[int]]:
+    """Per block row (0..k) of [last, *draft], the tokens a step has emitted when the walk of
+    :func:`follow` reaches that row: none at row 0, and at draft token i's row the draft tokens
+    from the root down to i (a chain: ``draft[:i + 1]``). parents: None for a chain."""
+    prefixes: list[list[int]] = [[]]
+    for i, token in enumerate(draft):
+        parent = i - 1 if parents is None else int(parents[i])
+        prefixes.append(prefixes[parent + 1] + [int(token)])
+    return prefixes
 
 
 @dataclass
@@ -161,9 +175,9 @@ def verify_step(
     scores and raw logits of every emitted token.
 
     Three ways, one rule (:func:`follow`): without processors or sampling, every row's argmax
-    is read in one sync; with them, on an accelerator and for chains, every position is
-    processed assuming the drafts before it were kept and all choices are read in one sync;
-    otherwise each row is decided position by position up to its first rejection.
+    is read in one sync; with them, on an accelerator (chains and trees), every position is
+    processed assuming the draft tokens on its way were kept and all choices are read in one
+    sync; on CPU each row is decided position by position up to its first rejection.
     """
     rows = range(len(drafts))
     parents = parents if parents is not None else [None] * len(drafts)
@@ -175,17 +189,18 @@ def verify_step(
                 v.scores = v.logits = [logits[a, row] for row in block_rows(v.path)]
         return verdicts
     score = score or (lambda a, emitted, logits_row: logits_row)
-    if all(p is None for p in parents) and reads_all_positions_at_once(logits):
-        # Position j of a row only matters if its d1..dj were kept: process it on that
-        # assumption, and pick every position of every row at once.
-        spans = [[score(a, drafts[a][:j], logits[a, j : j + 1]) for j in range(len(drafts[a]) + 1)] for a in rows]
-        flat = pick(torch.cat([s for span in spans for s in span]),
-                    None if uniform is None else [uniform(a, j) for a in rows for j in range(len(spans[a]))])
+    if reads_all_positions_at_once(logits):
+        # A row only matters if the draft tokens on the way to it were kept: process it on that
+        # assumption (its prefix: row_prefixes), and pick every row of every draft at once.
+        prefixes = [row_prefixes(drafts[a], parents[a]) for a in rows]
+        spans = [[score(a, prefix, logits[a, row : row + 1]) for row, prefix in enumerate(prefixes[a])] for a in rows]
+        flat = pick(torch.cat([s for span in spans for s in span]),  # (sum of rows, V)
+                    None if uniform is None else [uniform(a, len(p)) for a in rows for p in prefixes[a]])
         choices, start = [], 0
         for span in spans:
             choices.append(flat[start : start + len(span)])
             start += len(span)
-        verdicts = [Verdict(*follow(drafts[a], None, lambda row, _, a=a: choices[a][row])) for a in rows]
+        verdicts = [Verdict(*follow(drafts[a], parents[a], lambda row, _, a=a: choices[a][row])) for a in rows]
         if keep:
             for a, v in enumerate(verdicts):
                 v.scores = [spans[a][row][0] for row in block_rows(v.path)]
