@@ -5,6 +5,8 @@
   trace   record greedy traces (id, dataset, prompt_ids, output_ids) for replay.
   replay  replay drafters over traces without the model: MAT, draft size, cost-weighted speed-up.
   drafter time the drafter alone (propose + extend per step) at 1k, 16k and 128k tokens of context.
+  realdocs  real documents found on this machine, typos injected: typos fixed, chunks guarded,
+          parse status, length ratio, speed-up (and --bounds: the guard on the shared references).
   bench   one table: tokens/s of greedy, HF prompt lookup and ngramspec on the same items, their
           ratios, step overhead outside the forward, drafter us/step at 1k/16k/128k context.
 
@@ -119,6 +121,10 @@ def _main(argv=None) -> int:
                          help="only items whose prompt has at most this many tokens")
     p_bench.add_argument("--out", default=None, help="folder for bench.md and bench.json")
 
+    from . import realdocs
+
+    realdocs.add_parser(sub)
+
     args = parser.parse_args(argv)
     words = argv if argv is not None else sys.argv[1:]
     args.command_line = "python -m eval " + " ".join(shlex.quote(a) for a in words)
@@ -144,6 +150,8 @@ def _main(argv=None) -> int:
         from . import replay
 
         return replay.main(args)
+    if args.command == "realdocs":
+        return realdocs.main(args)
 
     names = [n.strip() for n in args.tasks.split(",") if n.strip()]
     unknown = [n for n in names if n not in tasks.TASKS]

@@ -26,6 +26,17 @@ that is a symlink keeps being one (its target is replaced); a device, FIFO or /d
 written through. A run locks its output files (.NAME.lock beside each): a second run on the same
 output stops at once (exit 2). A failed write (disk full) exits 1 and leaves the old file whole.
 
+Trust: a small model sometimes answers with something else than the text (a chat reply,
+invented code, one line repeated until the token limit). Each chunk's generation stops once
+it repeats a span many times over where the input does not, or runs past the length bound;
+a rewritten chunk that drifted (similarity below --keep-drifted, longer than --max-growth,
+Markdown headings/lists/fences/front matter or Python syntax broken) is kept as it was, with a
+line on stderr even under --quiet. A summary that loops is refused: nothing is written.
+
+Exit status: 0 done; 1 a write failed; 2 bad usage; 3 done, but some chunks were kept as they
+were (the output is written; stderr names them); 4 a summary degenerated (nothing written);
+130 interrupted.
+
 Fidelity: the model sees LF line breaks and no byte-order mark; the output gets the input's
 back (CRLF, BOM), and a rewrite keeps the input's trailing newline, or its absence.
 """
@@ -43,15 +54,20 @@ import re
 import sys
 from pathlib import Path
 
-from .documents import CHUNK_TOKENS, MIN_CHUNK_TOKENS, SUMMARIZE_INSTRUCTION, SUMMARY_TOKENS
+from .documents import CHUNK_TOKENS, MIN_CHUNK_TOKENS, SUMMARIZE_INSTRUCTION, SUMMARY_TOKENS, DegenerateOutput
 from .files import RecordLog, apply_style, exclusive_lock, split_style, write_output, write_target
+from .guard import MAX_GROWTH, SIMILARITY_FLOOR
 from .jobs import start_processes
 
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAILED, EXIT_USAGE, EXIT_GUARDED, EXIT_DEGENERATE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 
 
 class CliError(Exception):
     """A problem with the user's input: printed as one line, exit code 2, no traceback."""
+
+
+class DegenerateError(Exception):
+    """The model's output degenerated and was refused: one line, exit code 4."""
 
 
 class WriteError(Exception):
@@ -101,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text, more in (("rewrite", "rewrite a document following an instruction", ""),
                                   ("summarize", "summarize a document",
                                    " A summary is meant to differ from its text: it has no drift guard "
-                                   "(rewrite's --keep-drifted) and no --diff.")):
+                                   "(rewrite's --keep-drifted) and no --diff; a summary that repeats itself "
+                                   "is refused (exit 4, nothing written).")):
         p = sub.add_parser(name, help=help_text, description=help_text + "." + more,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         p.add_argument("inputs", nargs="+", metavar="INPUT",
@@ -118,10 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--diff", action="store_true",
                            help="print a unified diff of each INPUT against its rewrite to stdout and write "
                                 "nothing (both headers name INPUT, so `patch -p0 < DIFF` applies it)")
-            p.add_argument("--keep-drifted", type=float, default=None, metavar="BELOW",
+            p.add_argument("--keep-drifted", type=float, default=SIMILARITY_FLOOR, metavar="BELOW",
                            help="drift guard: keep a chunk as it was when its rewrite's similarity to it "
-                                "(0-1, as --stats reports it) is below BELOW, e.g. 0.5, with a line on stderr "
-                                "per kept chunk; a small model sometimes answers with something unrelated")
+                                "(0-1, as --stats reports it) is below BELOW, when it is longer than "
+                                "--max-growth, or when it broke the chunk's structure; a line on stderr per "
+                                "kept chunk and exit status 3. 0 turns the guard off")
+            p.add_argument("--max-growth", type=float, default=MAX_GROWTH, metavar="RATIO",
+                           help="drift guard: longest rewrite kept, as a multiple of its chunk's length (a "
+                                "chunk also stops generating there); raise it for instructions that add text")
         p.add_argument("--model", default="default",
                        help="'default' (SmolLM2-135M-Instruct), a local model folder or a hub id")
         p.add_argument("--max-new-tokens", type=int, default=None,
@@ -137,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--quiet", action="store_true",
                        help="no streaming and no progress bars (nor transformers' while the model loads)")
         p.add_argument("--stats", action="store_true",
-                       help="print a final JSON line of stats to stderr (time, tokens, forwards, MAT, "
-                            "speed-up estimate, minimum and mean similarity of rewritten chunks to their source)")
+                       help="print a final JSON line of stats to stderr: chunks, guarded chunks, time; tokens, "
+                            "forwards, MAT, tokens/s and speed-up estimate over the chunks whose rewrite was used; "
+                            "minimum and mean similarity of rewritten chunks to their source")
         p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
         _config_options(p)
     return parser
@@ -198,7 +220,10 @@ def _check_args(args) -> None:
         raise CliError("--diff prints to stdout and writes nothing; drop -o/--output, --out-dir and --in-place")
     keep = getattr(args, "keep_drifted", None)
     if keep is not None and not 0.0 <= keep <= 1.0:
-        raise CliError("--keep-drifted takes a similarity between 0 and 1, e.g. 0.5")
+        raise CliError("--keep-drifted takes a similarity between 0 and 1, e.g. 0.5 (0 turns the guard off)")
+    growth = getattr(args, "max_growth", None)
+    if growth is not None and not growth >= 1.0:
+        raise CliError("--max-growth takes a length ratio of at least 1, e.g. 1.3")
     if len(set(inputs)) != len(inputs):
         raise CliError("an input is given twice")
     if "-" in inputs and len(inputs) > 1:
@@ -259,7 +284,8 @@ def _resume_state(args, text: str, kind: str, config) -> ResumeState:
     return ResumeState({"input": hashlib.sha256(text.encode()).hexdigest(), "command": args.command,
                         "instruction": args.instruction, "model": args.model, "config": repr(config),
                         "sample": args.sample, "temperature": args.temperature, "seed": args.seed,
-                        "max_new_tokens": args.max_new_tokens, "chunk_tokens": args.chunk_tokens, "kind": kind})
+                        "max_new_tokens": args.max_new_tokens, "chunk_tokens": args.chunk_tokens, "kind": kind,
+                        "guard": [getattr(args, "keep_drifted", None), getattr(args, "max_growth", None)]})
 
 
 def _kind(args, path: str, text: str) -> str:
@@ -345,17 +371,21 @@ def _process(args, job, path: str, raw: str, config, bar, stream: bool) -> Resum
             sys.stdout.write(chunk.trail)  # the blank lines between chunks
             sys.stdout.flush()
         bar.update(1)
-        stats = job.stats
-        if stats.seconds:
-            bar.set_postfix(tok_s=f"{stats.new_tokens / stats.seconds:.1f}", mat=f"{stats.mat:.2f}")
+        stats = job.stats  # speed over the chunks whose rewrite was used
+        if stats.used_seconds:
+            bar.set_postfix(tok_s=f"{stats.new_tokens / stats.used_seconds:.1f}", mat=f"{stats.mat:.2f}",
+                            guarded=len(stats.guarded))
 
     if args.command == "rewrite":
-        result = job.rewrite(text, args.instruction, kind, done=done, on_chunk=on_chunk, keep_below=args.keep_drifted)
+        result = job.rewrite(text, args.instruction, kind, done=done, on_chunk=on_chunk)
     else:
-        result = job.summarize(text, args.instruction, kind, done=done, on_chunk=on_chunk)
-    for index, score in job.stats.kept:
-        print(f"ngramspec {args.command}: {path}: chunk {index} kept as it was, its rewrite drifted "
-              f"(similarity {score:.3f} < {args.keep_drifted})", file=sys.stderr)
+        try:
+            result = job.summarize(text, args.instruction, kind, done=done, on_chunk=on_chunk)
+        except DegenerateOutput as err:
+            raise DegenerateError(f"{path}: summary refused, nothing written: {err}") from None
+    for index, why in job.stats.guarded:
+        print(f"ngramspec {args.command}: {path}: chunk {index} kept as it was: its rewrite drifted ({why}); "
+              "--keep-drifted 0 uses it anyway", file=sys.stderr)
 
     result = apply_style(result, style)
     if getattr(args, "diff", False):
@@ -402,7 +432,9 @@ def _document_job(args, config, device: str | None, stream: bool):
         streamer_factory = lambda: TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)  # noqa: E731
     return DocumentJob(model, tokenizer, None if args.no_speculation else NgramSpeculator(config),
                        max_new_tokens=args.max_new_tokens, chunk_tokens=args.chunk_tokens, sample=args.sample,
-                       temperature=args.temperature, seed=args.seed, streamer_factory=streamer_factory)
+                       temperature=args.temperature, seed=args.seed, streamer_factory=streamer_factory,
+                       similarity_floor=getattr(args, "keep_drifted", SIMILARITY_FLOOR),
+                       max_growth=getattr(args, "max_growth", MAX_GROWTH))
 
 
 @contextlib.contextmanager
@@ -485,7 +517,7 @@ def run(args) -> int:
             print(json.dumps(_merge(records)), file=sys.stderr)
         else:
             print(json.dumps(job.stats.as_dict()), file=sys.stderr)
-    return 0
+    return EXIT_GUARDED if any(r["guarded_chunks"] for r in records) else 0
 
 
 def _merge(records: list[dict]) -> dict:
@@ -498,7 +530,7 @@ def _merge(records: list[dict]) -> dict:
             "mat": round(tokens / forwards, 3) if forwards else 0.0, "seconds_summed": round(seconds, 3),
             "similarity_min": min((r["similarity_min"] for r in records if r["similarity_min"] is not None),
                                   default=None),
-            "kept_chunks": sum(r["kept_chunks"] for r in records)}
+            "guarded_chunks": sum(r["guarded_chunks"] for r in records)}
 
 
 def main(argv=None) -> int:
@@ -512,6 +544,9 @@ def main(argv=None) -> int:
     except WriteError as err:
         print(f"ngramspec {args.command}: error: {err}", file=sys.stderr)
         return EXIT_FAILED
+    except DegenerateError as err:
+        print(f"ngramspec {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_DEGENERATE
     except KeyboardInterrupt:
         what = ("the input is untouched and no output was written" if len(args.inputs) == 1 else
                 "documents finished so far are written; the others are untouched")

@@ -9,9 +9,10 @@ with the instruction (plus, after the first chunk, the end of the previous rewri
 context) and joins the results with the document's own blank lines and indentation. A summary
 summarizes each chunk and then, when there were several, the chunk summaries together.
 ``on_chunk`` callbacks let a caller stream, show progress and save finished chunks (resume).
-Each rewritten chunk's similarity to its source is recorded, and with ``keep_below`` a chunk
-whose rewrite drifted further than that (a small model may answer with something unrelated)
-is kept as it was.
+Every chunk is guarded (``guard.py``): its generation stops once it loops or runs past the
+length bound, and a rewrite that drifted (low similarity, too long, broken structure) is
+discarded and the chunk kept as it was, listed in ``stats.guarded``. A summary that loops
+raises :class:`DegenerateOutput` rather than return garbage.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from rapidfuzz import fuzz
+from transformers import StoppingCriteriaList
 
 from .chunking import Chunk, join_chunks, split_document
+from .guard import MAX_GROWTH, SIMILARITY_FLOOR, LoopStop, drift_reason, length_bound, similarity
 from .metrics import DecodeStats
 
 # Defaults of a DocumentJob, which the CLI's options read from here.
@@ -32,90 +34,129 @@ CHUNK_TOKENS = 768  # largest chunk, in tokens (DocumentJob lowers it further fo
 MIN_CHUNK_TOKENS = 32  # smallest allowed: a chunk of a sentence or two gives the model too little context
 SUMMARY_TOKENS = 256  # new tokens per chunk summary when max_new_tokens is not given
 CONTEXT_CHARS = 300  # how much of the previous rewritten chunk is shown as context
+UNGUARDED_GROWTH = 2.0  # the length bound's growth with the drift guard off (was the budget before)
+SYSTEM_PROMPT = None
+EXAMPLE_TURN = False
 
 
 @dataclass
 class JobStats:
-    """Totals over a document's chunks (what ``--stats`` prints)."""
+    """Totals over a document's chunks (what ``--stats`` prints). Speed figures count only the
+    chunks whose rewrite was used: a guarded chunk's output was thrown away, and degenerate
+    output drafts fast, so counting it would make the figures best when the output is worst."""
 
-    chunks: int = 0
-    new_tokens: int = 0
-    target_forwards: int = 0
-    seconds: float = 0.0
-    verify_cost: float = 0.0  # sum over forwards of cost(q) relative to one token
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    per_chunk: list = field(default_factory=list)
+    seconds: float = 0.0  # all generation, guarded chunks included
+    per_chunk: list = field(default_factory=list)  # one record per generated chunk
     similarities: list = field(default_factory=list)  # of each rewritten chunk to its source
-    kept: list = field(default_factory=list)  # (chunk index, similarity) of drifted chunks kept as they were
+    guarded: list = field(default_factory=list)  # (chunk index, why) of chunks kept as they were
 
     def add(self, stats: DecodeStats, seconds: float, cost: Callable[[int], float] | None) -> None:
-        self.chunks += 1
-        self.new_tokens += stats.new_tokens
-        self.target_forwards += stats.target_forwards
         self.seconds += seconds
-        self.drafted_tokens += stats.drafted_tokens
-        self.accepted_tokens += stats.accepted_tokens
         steps = stats.verified_per_step or [0] * (stats.target_forwards - 1)
-        self.verify_cost += 1.0 + sum(cost(k + 1) if cost else 1.0 for k in steps)
-        self.per_chunk.append({"new_tokens": stats.new_tokens, "mat": round(stats.mat, 3),
-                               "seconds": round(seconds, 3)})
+        self.per_chunk.append({
+            "new_tokens": stats.new_tokens, "target_forwards": stats.target_forwards, "seconds": seconds,
+            "drafted_tokens": stats.drafted_tokens, "accepted_tokens": stats.accepted_tokens,
+            # sum over forwards of cost(q) relative to a one-token forward
+            "verify_cost": 1.0 + sum(cost(k + 1) if cost else 1.0 for k in steps), "guarded": False})
+
+    def guard_last(self, index: int, why: str) -> None:
+        """The chunk just generated is kept as it was (its output is not used)."""
+        self.guarded.append((index, why))
+        if self.per_chunk:
+            self.per_chunk[-1]["guarded"] = True
+
+    def _used(self, key: str):
+        return sum(c[key] for c in self.per_chunk if not c["guarded"])
+
+    @property
+    def chunks(self) -> int:
+        return len(self.per_chunk)
+
+    @property
+    def new_tokens(self) -> int:
+        return self._used("new_tokens")
+
+    @property
+    def used_seconds(self) -> float:
+        return self._used("seconds")
 
     @property
     def mat(self) -> float:
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+        forwards = self._used("target_forwards")
+        return self.new_tokens / forwards if forwards else 0.0
 
     def as_dict(self) -> dict:
+        seconds, drafted, cost = self.used_seconds, self._used("drafted_tokens"), self._used("verify_cost")
         return {
             "chunks": self.chunks,
+            "guarded_chunks": len(self.guarded),
             "seconds": round(self.seconds, 3),
+            # the rest counts the chunks whose rewrite was used
             "new_tokens": self.new_tokens,
-            "target_forwards": self.target_forwards,
+            "target_forwards": self._used("target_forwards"),
             "mat": round(self.mat, 3),
-            "tokens_per_second": round(self.new_tokens / self.seconds, 2) if self.seconds else 0.0,
-            "acceptance_rate": round(self.accepted_tokens / self.drafted_tokens, 3) if self.drafted_tokens else 0.0,
+            "tokens_per_second": round(self.new_tokens / seconds, 2) if seconds else 0.0,
+            "acceptance_rate": round(self._used("accepted_tokens") / drafted, 3) if drafted else 0.0,
             # plain decoding needs one one-token forward per token; speculation paid verify_cost
-            "speedup_estimate": round(self.new_tokens / self.verify_cost, 3) if self.verify_cost else 1.0,
+            "speedup_estimate": round(self.new_tokens / cost, 3) if cost else 1.0,
             "similarity_min": round(min(self.similarities), 3) if self.similarities else None,
             "similarity_mean": round(sum(self.similarities) / len(self.similarities), 3) if self.similarities else None,
-            "kept_chunks": len(self.kept),
         }
 
 
 class DocumentJob:
-    """Generation settings shared by every chunk of a document."""
+    """Generation settings shared by every chunk of a document. ``similarity_floor`` and
+    ``max_growth`` set the drift guard (``guard.drift_reason``; a floor of 0 turns it off)."""
 
     def __init__(self, model, tokenizer, speculator=None, max_new_tokens: int | None = None,
                  chunk_tokens: int = CHUNK_TOKENS, sample: bool = False, temperature: float = 1.0,
-                 seed: int | None = None, streamer_factory: Callable | None = None):
+                 seed: int | None = None, streamer_factory: Callable | None = None,
+                 similarity_floor: float = SIMILARITY_FLOOR, max_growth: float = MAX_GROWTH,
+                 system_prompt: str | None = SYSTEM_PROMPT, context_chars: int = CONTEXT_CHARS,
+                 example_turn: bool = EXAMPLE_TURN):
         self.model, self.tokenizer, self.speculator = model, tokenizer, speculator
         self.max_new_tokens, self.sample, self.temperature, self.seed = max_new_tokens, sample, temperature, seed
         self.streamer_factory = streamer_factory
+        self.similarity_floor, self.max_growth = similarity_floor, max_growth
+        self.system_prompt, self.context_chars, self.example_turn = system_prompt, context_chars, example_turn
         limit = getattr(model.config, "max_position_embeddings", None) or 8192
         # A chunk, its prompt and its output must fit the context: cap chunks accordingly.
         self.chunk_tokens = max(MIN_CHUNK_TOKENS, min(chunk_tokens, (limit - 256) // 3))
         self.context_limit = limit
         self.stats = JobStats()
+        self.last_stop = ""  # why the last generate() stopped early: "loop", "length" or ""
 
     # -- pieces -------------------------------------------------------------------------------
+    def token_ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self.token_ids(text))
 
     def chunks(self, document: str, kind: str) -> list[Chunk]:
         return split_document(document, self.chunk_tokens, self.count_tokens, kind)
 
-    def prompt_ids(self, instruction: str, body: str, context: str = "") -> torch.Tensor:
-        """(1, P) chat-template ids: the instruction, optional context, a blank line, the text."""
+    def prompt_ids(self, instruction: str, body: str, context: str = "",
+                   example: tuple[str, str] | None = None) -> torch.Tensor:
+        """(1, P) chat-template ids: the system prompt; with ``example`` (the previous chunk and
+        its rewrite), that exchange as an earlier turn; then the instruction, optional context,
+        a blank line and the text."""
         content = instruction.strip() + "\n\n"
         if context:
             content += f"(For consistency, the preceding part of the document ends with: \"...{context}\")\n\n"
-        content += body
-        messages = [{"role": "user", "content": content}]
+        messages = [{"role": "user", "content": content + body}]
+        if example is not None:
+            messages[:0] = [{"role": "user", "content": instruction.strip() + "\n\n" + example[0]},
+                            {"role": "assistant", "content": example[1]}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
         return torch.tensor([list(encoded["input_ids"])], device=self.model.device)
 
-    def generate(self, ids: torch.Tensor, max_new_tokens: int) -> str:
-        """One chunk: speculative (or plain) generation, stats recorded, text returned."""
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, source: str | None = None) -> str:
+        """One chunk: speculative (or plain) generation, stats recorded, text returned. With
+        ``source``, generation stops once the output loops where ``source`` does not
+        (``self.last_stop`` says "loop"; "length" when it used all ``max_new_tokens``)."""
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=self.sample,
                       pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
                       else self.tokenizer.eos_token_id)
@@ -125,6 +166,10 @@ class DocumentJob:
                 torch.manual_seed(self.seed + self.stats.chunks)
         else:  # greedy: do not inherit sampling knobs from the model's generation config
             kwargs.update(temperature=None, top_p=None, top_k=None)
+        loop_stop = None
+        if source is not None:
+            loop_stop = LoopStop(self.token_ids(source), ids.shape[1])
+            kwargs["stopping_criteria"] = StoppingCriteriaList([loop_stop])
         if self.streamer_factory is not None:
             kwargs["streamer"] = self.streamer_factory()
         if self.speculator is not None:
@@ -133,6 +178,14 @@ class DocumentJob:
         out = self.model.generate(ids, **kwargs)
         seconds = time.perf_counter() - start
         new = out[0, ids.shape[1] :]
+        eos = self.model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if loop_stop is not None and loop_stop.fired:
+            self.last_stop = "loop"
+        elif new.shape[0] >= max_new_tokens and int(new[-1]) not in eos:
+            self.last_stop = "length"
+        else:
+            self.last_stop = ""
         if self.speculator is not None:
             stats = self.speculator.last_stats
             cost_model, context = self.speculator.cost_model, ids.shape[1]
@@ -147,17 +200,20 @@ class DocumentJob:
         return self.tokenizer.decode(new, skip_special_tokens=True)
 
     def _budget(self, body: str) -> int:
+        """New tokens for a rewrite of ``body``: the guard's length bound (a longer rewrite would
+        be discarded anyway), or --max-new-tokens; never more than half the context."""
         if self.max_new_tokens is not None:
             return self.max_new_tokens
-        return min(2 * self.count_tokens(body) + 64, self.context_limit // 2)
+        growth = self.max_growth if self.similarity_floor > 0 else UNGUARDED_GROWTH
+        return min(length_bound(self.count_tokens(body), growth), self.context_limit // 2)
 
     # -- whole documents ----------------------------------------------------------------------
     def rewrite(self, document: str, instruction: str, kind: str = "text", done: dict | None = None,
-                on_chunk: Callable[[int, Chunk, str], None] | None = None, keep_below: float | None = None) -> str:
+                on_chunk: Callable[[int, Chunk, str], None] | None = None) -> str:
         """The rewritten document. ``done`` maps chunk index -> text already rewritten (resume);
         ``on_chunk(i, chunk, text)`` is called after each chunk (including resumed ones). A
-        chunk whose rewrite has a :func:`similarity` to its source below ``keep_below`` keeps
-        its source text (listed in ``stats.kept``)."""
+        chunk whose rewrite drifted (``guard.drift_reason``) keeps its source text and is
+        listed in ``stats.guarded`` with the reason."""
         chunks = self.chunks(document, kind)
         bodies: list[str] = []
         for i, chunk in enumerate(chunks):
@@ -166,30 +222,41 @@ class DocumentJob:
             elif not chunk.body:
                 text = ""
             else:
-                context = bodies[-1][-CONTEXT_CHARS:] if bodies else ""
-                text = clean_output(self.generate(self.prompt_ids(instruction, chunk.body, context),
-                                                  self._budget(chunk.body)), chunk.body)
-                score = similarity(chunk.body, text)
-                self.stats.similarities.append(score)
-                if keep_below is not None and score < keep_below:
-                    self.stats.kept.append((i, score))
+                context = bodies[-1][-self.context_chars:] if bodies and self.context_chars else ""
+                example = None
+                if self.example_turn and bodies and chunks[i - 1].body:
+                    example, context = (chunks[i - 1].body, bodies[-1]), ""
+                self.last_stop = ""
+                text = clean_output(self.generate(self.prompt_ids(instruction, chunk.body, context, example),
+                                                  self._budget(chunk.body), source=chunk.body), chunk.body)
+                self.stats.similarities.append(similarity(chunk.body, text))
+                why = drift_reason(chunk.body, text, kind, self.similarity_floor, self.max_growth,
+                                   stopped=self.last_stop)
+                if why:
+                    self.stats.guard_last(i, why)
                     text = chunk.body
             bodies.append(text)
             if on_chunk is not None:
                 on_chunk(i, chunk, text)
         return join_chunks(chunks, bodies)
 
+    def _summary(self, instruction: str, body: str, budget: int) -> str:
+        self.last_stop = ""
+        text = clean_output(self.generate(self.prompt_ids(instruction, body), budget, source=body), body)
+        if self.last_stop == "loop":
+            raise DegenerateOutput(f"the model's summary repeated itself until it was stopped: "
+                                   f"{text[:120]!r}...")
+        return text
+
     def summarize(self, document: str, instruction: str = SUMMARIZE_INSTRUCTION, kind: str = "text",
                   done: dict | None = None, on_chunk: Callable[[int, Chunk, str], None] | None = None) -> str:
-        """Summary of each chunk, then (several chunks) a summary of those summaries."""
+        """Summary of each chunk, then (several chunks) a summary of those summaries. Raises
+        :class:`DegenerateOutput` when a summary loops (``guard.LoopStop``)."""
         chunks = [c for c in self.chunks(document, kind) if c.body]
         budget = self.max_new_tokens or SUMMARY_TOKENS
         summaries = []
         for i, chunk in enumerate(chunks):
-            if done is not None and i in done:
-                text = done[i]
-            else:
-                text = clean_output(self.generate(self.prompt_ids(instruction, chunk.body), budget), chunk.body)
+            text = done[i] if done is not None and i in done else self._summary(instruction, chunk.body, budget)
             summaries.append(text)
             if on_chunk is not None:
                 on_chunk(i, chunk, text)
@@ -198,13 +265,14 @@ class DocumentJob:
         joined = "\n\n".join(summaries)
         if self.count_tokens(joined) > self.chunk_tokens:  # still too long: summarize again
             return self.summarize(joined, instruction, "text")
-        return clean_output(self.generate(self.prompt_ids(instruction, joined), budget), joined) + "\n"
+        return self._summary(instruction, joined, budget) + "\n"
 
 
-def similarity(source: str, text: str) -> float:
-    """How much of ``source`` a rewrite kept, in [0, 1]: rapidfuzz's Indel ratio (1 - edits /
-    total length), 1.0 for identical text."""
-    return fuzz.ratio(source, text) / 100
+class DegenerateOutput(RuntimeError):
+    """The model's output degenerated (it looped); nothing usable to return."""
+
+
+__all__ = ["DegenerateOutput", "DocumentJob", "JobStats", "clean_output", "similarity"]
 
 
 def clean_output(text: str, source: str) -> str:

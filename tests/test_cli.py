@@ -62,7 +62,7 @@ def test_rewrite_round_trips_structure_and_equals_the_library(tiny_model_dir, tm
     source.write_text(DOCUMENT)
     out = tmp_path / "out.md"
     args = ["rewrite", str(source), "--instruction", "Fix the grammar.", "-o", str(out), "--model", str(tiny_model_dir),
-            "--max-new-tokens", "12", "--chunk-tokens", "32", "--quiet", "--stats"]
+            "--max-new-tokens", "12", "--chunk-tokens", "32", "--quiet", "--stats", "--keep-drifted", "0"]
     code, _, err = run_main(args, monkeypatch, capsys, cache_env)
     assert code == 0, err
     stats = json.loads(err.strip().splitlines()[-1])
@@ -93,7 +93,8 @@ def test_in_place_keeps_a_backup_and_stdin_works(tiny_model_dir, tmp_path, cache
     source = tmp_path / "a.txt"
     source.write_text("One paragraph.\n\nAnother paragraph.\n")
     code, _, err = run_main(["rewrite", str(source), "--instruction", "Shorten.", "--in-place", "--model",
-                             str(tiny_model_dir), "--max-new-tokens", "5", "--quiet"], monkeypatch, capsys, cache_env)
+                             str(tiny_model_dir), "--max-new-tokens", "5", "--quiet", "--keep-drifted", "0"],
+                            monkeypatch, capsys, cache_env)
     assert code == 0, err
     assert (tmp_path / "a.txt.bak").read_text() == "One paragraph.\n\nAnother paragraph.\n"
     assert source.read_text() != (tmp_path / "a.txt.bak").read_text()
@@ -172,7 +173,7 @@ def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir,
     source.write_text("\n\n".join(paragraphs) + "\n")
     out = tmp_path / "long.out.txt"
     args = ["rewrite", str(source), "--instruction", "Fix.", "-o", str(out), "--model", str(tiny_model_dir),
-            "--max-new-tokens", "60", "--chunk-tokens", "32", "--quiet", "--stats"]
+            "--max-new-tokens", "60", "--chunk-tokens", "32", "--quiet", "--stats", "--keep-drifted", "0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **cache_env}
     # SIGINT as Ctrl-C sends it; restored to the default in the child, because a test run started
     # as a background job inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored.
@@ -232,7 +233,7 @@ def test_many_documents_sharded_over_two_processes_equal_one_process(tiny_model_
     assert shard_by_size([2, 2], 3) == [[0], [1], []]
     inputs = _write_documents(tmp_path / "docs")
     common = ["rewrite", *inputs, "--instruction", "Fix the grammar.", "--model", str(tiny_model_dir),
-              "--max-new-tokens", "12", "--chunk-tokens", "32", "--quiet", "--stats"]
+              "--max-new-tokens", "12", "--chunk-tokens", "32", "--quiet", "--stats", "--keep-drifted", "0"]
     code, _, err = run_main(common + ["--out-dir", str(tmp_path / "one")], monkeypatch, capsys, cache_env)
     assert code == 0, err
 
@@ -262,7 +263,7 @@ def test_many_documents_in_place_resume_skips_finished_ones(tiny_model_dir, tmp_
     inputs = _write_documents(tmp_path / "docs")
     monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
     args = ["rewrite", *inputs, "--instruction", "Fix.", "--in-place", "--model", str(tiny_model_dir),
-            "--max-new-tokens", "8", "--chunk-tokens", "32", "--quiet", "--stats"]
+            "--max-new-tokens", "8", "--chunk-tokens", "32", "--quiet", "--stats", "--keep-drifted", "0"]
     clear = cli_module.ResumeState.clear
     monkeypatch.setattr(cli_module.ResumeState, "clear", lambda self: None)  # as if killed at the very end
     assert cli_module.main(args) == 0
@@ -287,11 +288,11 @@ def fake_replies(monkeypatch, cache_env):
 
     replies = SimpleNamespace(reply=str.upper, seen=[])
 
-    def generate(self, body, max_new_tokens):
+    def generate(self, body, max_new_tokens, source=None):
         replies.seen.append(body)
         return replies.reply(body)
 
-    monkeypatch.setattr(DocumentJob, "prompt_ids", lambda self, instruction, body, context="": body)
+    monkeypatch.setattr(DocumentJob, "prompt_ids", lambda self, instruction, body, *context: body)
     monkeypatch.setattr(DocumentJob, "generate", generate)
     monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
     return replies
@@ -304,7 +305,9 @@ def _main(args):
 
 
 def _rewrite(source, tiny_model_dir, *more):
-    return ["rewrite", str(source), "--instruction", "Fix typos.", "--model", str(tiny_model_dir), "--quiet", *more]
+    """A rewrite with the drift guard off: the fake replies (upper case) are what is tested."""
+    return ["rewrite", str(source), "--instruction", "Fix typos.", "--model", str(tiny_model_dir), "--quiet",
+            "--keep-drifted", "0", *more]
 
 
 @pytest.mark.parametrize("raw", [
@@ -406,35 +409,60 @@ def test_a_second_run_on_the_same_output_is_refused_at_once(tiny_model_dir, tmp_
     assert out.read_text() == "SOME TEXT.\n" and not (tmp_path / ".out.txt.lock").exists()
 
 
-def test_drifted_chunks_are_reported_and_kept_on_request(tiny_model_dir, tmp_path, fake_replies, capsys):
+def test_drifted_chunks_are_kept_by_default_and_said_so_even_when_quiet(tiny_model_dir, tmp_path, fake_replies,
+                                                                        capsys):
     source = tmp_path / "in.txt"
     first, second = (f"Teh {n} paragraph has a handful of words in it, enough to fill most of a chunk."
                      for n in ("first", "second"))
     source.write_text(f"{first}\n\n{second}\n")  # two chunks of at most 32 tokens
     fake_replies.reply = lambda body: "An unrelated sentence." if "second" in body else body.replace("Teh", "The")
     out = tmp_path / "out.txt"
-    args = _rewrite(source, tiny_model_dir, "-o", str(out), "--chunk-tokens", "32", "--stats")
-    assert _main(args) == 0
-    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
-    fixed = first.replace("Teh", "The")
-    assert out.read_text() == f"{fixed}\n\nAn unrelated sentence.\n"  # no guard by default
-    scores = [fuzz.ratio(first, fixed) / 100, fuzz.ratio(second, "An unrelated sentence.") / 100]
-    assert scores[1] < 0.5 < 0.9 < scores[0]
-    assert (stats["similarity_min"], stats["similarity_mean"]) == (round(scores[1], 3), round(sum(scores) / 2, 3))
-    assert stats["kept_chunks"] == 0
-
-    assert _main(args + ["--keep-drifted", "0.5"]) == 0
+    args = ["rewrite", str(source), "--instruction", "Fix typos.", "--model", str(tiny_model_dir), "--quiet",
+            "-o", str(out), "--chunk-tokens", "32", "--stats"]
+    assert _main(args) == 3  # some chunks were kept as they were
     err = capsys.readouterr().err.strip().splitlines()
-    assert out.read_text() == f"{fixed}\n\n{second}\n"
+    fixed = first.replace("Teh", "The")
+    assert out.read_text() == f"{fixed}\n\n{second}\n"  # the drifted chunk as it was, the other fixed
+    score = fuzz.ratio(second, "An unrelated sentence.") / 100
     assert [line for line in err if "kept as it was" in line] == [
-        f"ngramspec rewrite: {source}: chunk 1 kept as it was, its rewrite drifted "
-        f"(similarity {stats['similarity_min']:.3f} < 0.5)"]
-    assert json.loads(err[-1])["kept_chunks"] == 1
+        f"ngramspec rewrite: {source}: chunk 1 kept as it was: its rewrite drifted (similarity {score:.3f} < 0.8); "
+        "--keep-drifted 0 uses it anyway"]
+    stats = json.loads(err[-1])
+    assert stats["guarded_chunks"] == 1
+    assert stats["similarity_min"] == round(score, 3)
+
+    assert _main(args + ["--keep-drifted", "0"]) == 0  # the guard off: the drifted rewrite is used
+    assert out.read_text() == f"{fixed}\n\nAn unrelated sentence.\n"
+    assert json.loads(capsys.readouterr().err.strip().splitlines()[-1])["guarded_chunks"] == 0
+
+    fake_replies.reply = lambda body: body + " Also, here is an extra sentence the model made up on its own." * 2
+    assert _main(args) == 3  # too long
+    assert "as long as its source (over --max-growth 1.3)" in capsys.readouterr().err
+    assert _main(args + ["--max-growth", "3", "--keep-drifted", "0.5"]) == 0  # allowed to grow
+
+
+def test_a_summary_that_loops_is_refused_and_nothing_is_written(tiny_model_dir, tmp_path, cache_env, monkeypatch,
+                                                                capsys):
+    from ngramspec.documents import DocumentJob
+
+    def looping(self, ids, max_new_tokens, source=None):
+        self.last_stop = "loop"
+        return "GLIB-1.1.0-1.1.0-1.1.0-1.1.0"
+
+    monkeypatch.setattr(DocumentJob, "generate", looping)
+    monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
+    source = tmp_path / "README.md"
+    source.write_text("# GLib\n\nGLib is the low-level core library that forms the basis for projects.\n")
+    out = tmp_path / "summary.txt"
+    assert _main(["summarize", str(source), "--model", str(tiny_model_dir), "--quiet", "-o", str(out)]) == 4
+    assert "summary refused, nothing written: the model's summary repeated itself" in capsys.readouterr().err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("args, message", [
     (["--keep-drifted", "1.5"], "--keep-drifted takes a similarity between 0 and 1"),
     (["--keep-drifted", "-0.1"], "--keep-drifted takes a similarity between 0 and 1"),
+    (["--max-growth", "0.9"], "--max-growth takes a length ratio of at least 1"),
     (["--diff", "-o", "x.txt"], "--diff prints to stdout"),
     (["--diff", "--in-place"], "--diff prints to stdout"),
 ])
@@ -475,7 +503,7 @@ def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run(tiny_model_
     source.write_bytes("\r\n\r\n".join(paragraphs).encode() + b"\r\n")
     out = tmp_path / "out.txt"
     args = ["rewrite", str(source), "--instruction", "Fix.", "-o", str(out), "--model", str(tiny_model_dir),
-            "--max-new-tokens", "40", "--chunk-tokens", "32", "--quiet"]
+            "--max-new-tokens", "40", "--chunk-tokens", "32", "--quiet", "--keep-drifted", "0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **cache_env}
     process = subprocess.Popen([sys.executable, "-m", "ngramspec", *args], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
