@@ -27,7 +27,6 @@ bound or the loop stop, or kept by the similarity floor and the growth limit.
 from __future__ import annotations
 
 import argparse
-import ast
 import difflib
 import io
 import json
@@ -37,6 +36,8 @@ import sys
 import sysconfig
 import tokenize
 from pathlib import Path
+
+from ngramspec.guard import parses_as_python
 
 INSTRUCTIONS = {
     "code": "Fix the spelling mistakes in the comments and docstrings. Change nothing else.",
@@ -96,17 +97,9 @@ def excerpt(text: str, kind: str, chars: int) -> str:
     cuts = [c for c in cuts if c <= chars] or [min(len(text), chars)]
     for cut in reversed(cuts):
         piece = text[:cut].rstrip() + "\n"
-        if kind != "code" or _parses(piece):
+        if kind != "code" or parses_as_python(piece):
             return piece
     return text[: cuts[0]].rstrip() + "\n"
-
-
-def _parses(text: str) -> bool:
-    try:
-        ast.parse(text)
-    except (SyntaxError, ValueError):
-        return False
-    return True
 
 
 def find_documents(seed: int = 0, chars: int = 2500, groups: dict | None = None) -> list[dict]:
@@ -122,7 +115,7 @@ def find_documents(seed: int = 0, chars: int = 2500, groups: dict | None = None)
                 break
             raw = _readable(path)
             kind = kind_of_path(path)
-            if raw is None or (kind == "code" and not _parses(raw)):
+            if raw is None or (kind == "code" and not parses_as_python(raw)):
                 continue
             clean = excerpt(raw, kind, chars)
             if len(clean) < 800 or len(_typo_sites(clean, kind)) < 4:
@@ -208,7 +201,6 @@ def score_typos(clean: str, typoed: str, output: str, typos: list[dict]) -> dict
 def run_document(job, plain_job, doc: dict, seed: int) -> dict:
     """One document through ngramspec (and plain greedy, for the speed-up): its row."""
     from ngramspec.documents import JobStats
-    from ngramspec.guard import parses_as_python
 
     typoed, typos = inject_typos(doc["clean"], doc["kind"], seed)
     instruction = INSTRUCTIONS[doc["kind"]]
