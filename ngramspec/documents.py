@@ -35,8 +35,6 @@ MIN_CHUNK_TOKENS = 32  # smallest allowed: a chunk of a sentence or two gives th
 SUMMARY_TOKENS = 256  # new tokens per chunk summary when max_new_tokens is not given
 CONTEXT_CHARS = 300  # how much of the previous rewritten chunk is shown as context
 UNGUARDED_GROWTH = 2.0  # the length bound's growth with the drift guard off (was the budget before)
-SYSTEM_PROMPT = None
-EXAMPLE_TURN = False
 
 
 @dataclass
@@ -111,14 +109,11 @@ class DocumentJob:
     def __init__(self, model, tokenizer, speculator=None, max_new_tokens: int | None = None,
                  chunk_tokens: int = CHUNK_TOKENS, sample: bool = False, temperature: float = 1.0,
                  seed: int | None = None, streamer_factory: Callable | None = None,
-                 similarity_floor: float = SIMILARITY_FLOOR, max_growth: float = MAX_GROWTH,
-                 system_prompt: str | None = SYSTEM_PROMPT, context_chars: int = CONTEXT_CHARS,
-                 example_turn: bool = EXAMPLE_TURN):
+                 similarity_floor: float = SIMILARITY_FLOOR, max_growth: float = MAX_GROWTH):
         self.model, self.tokenizer, self.speculator = model, tokenizer, speculator
         self.max_new_tokens, self.sample, self.temperature, self.seed = max_new_tokens, sample, temperature, seed
         self.streamer_factory = streamer_factory
         self.similarity_floor, self.max_growth = similarity_floor, max_growth
-        self.system_prompt, self.context_chars, self.example_turn = system_prompt, context_chars, example_turn
         limit = getattr(model.config, "max_position_embeddings", None) or 8192
         # A chunk, its prompt and its output must fit the context: cap chunks accordingly.
         self.chunk_tokens = max(MIN_CHUNK_TOKENS, min(chunk_tokens, (limit - 256) // 3))
@@ -136,20 +131,15 @@ class DocumentJob:
     def chunks(self, document: str, kind: str) -> list[Chunk]:
         return split_document(document, self.chunk_tokens, self.count_tokens, kind)
 
-    def prompt_ids(self, instruction: str, body: str, context: str = "",
-                   example: tuple[str, str] | None = None) -> torch.Tensor:
-        """(1, P) chat-template ids: the system prompt; with ``example`` (the previous chunk and
-        its rewrite), that exchange as an earlier turn; then the instruction, optional context,
-        a blank line and the text."""
+    def prompt_ids(self, instruction: str, body: str, context: str = "") -> torch.Tensor:
+        """(1, P) chat-template ids: the instruction, optional context, a blank line, the text.
+        (System prompts and example turns did not help the default model:
+        eval/results/realdocs/prompts.md.)"""
         content = instruction.strip() + "\n\n"
         if context:
             content += f"(For consistency, the preceding part of the document ends with: \"...{context}\")\n\n"
-        messages = [{"role": "user", "content": content + body}]
-        if example is not None:
-            messages[:0] = [{"role": "user", "content": instruction.strip() + "\n\n" + example[0]},
-                            {"role": "assistant", "content": example[1]}]
-        if self.system_prompt:
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        content += body
+        messages = [{"role": "user", "content": content}]
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
         return torch.tensor([list(encoded["input_ids"])], device=self.model.device)
 
@@ -222,12 +212,9 @@ class DocumentJob:
             elif not chunk.body:
                 text = ""
             else:
-                context = bodies[-1][-self.context_chars:] if bodies and self.context_chars else ""
-                example = None
-                if self.example_turn and bodies and chunks[i - 1].body:
-                    example, context = (chunks[i - 1].body, bodies[-1]), ""
+                context = bodies[-1][-CONTEXT_CHARS:] if bodies else ""
                 self.last_stop = ""
-                text = clean_output(self.generate(self.prompt_ids(instruction, chunk.body, context, example),
+                text = clean_output(self.generate(self.prompt_ids(instruction, chunk.body, context),
                                                   self._budget(chunk.body), source=chunk.body), chunk.body)
                 self.stats.similarities.append(similarity(chunk.body, text))
                 why = drift_reason(chunk.body, text, kind, self.similarity_floor, self.max_growth,

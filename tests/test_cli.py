@@ -292,7 +292,7 @@ def fake_replies(monkeypatch, cache_env):
         replies.seen.append(body)
         return replies.reply(body)
 
-    monkeypatch.setattr(DocumentJob, "prompt_ids", lambda self, instruction, body, *context: body)
+    monkeypatch.setattr(DocumentJob, "prompt_ids", lambda self, instruction, body, context="": body)
     monkeypatch.setattr(DocumentJob, "generate", generate)
     monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
     return replies
