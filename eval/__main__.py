@@ -112,6 +112,13 @@ def _main(argv=None) -> int:
     p_bench.add_argument("--measure-cost", action="store_true",
                          help="size drafts with the verify-cost curve measured on this model and device (cached; "
                               "a fixed curve) instead of the online cost model")
+    p_bench.add_argument("--print-cost", action="store_true",
+                         help="also measure this device's verify-cost curve and print it beside the one the online "
+                              "cost model learned during the run (sizing is unchanged)")
+    p_bench.add_argument("--budget-s", type=float, default=None,
+                         help="time budget in seconds for the whole command: no batch is started that would not "
+                              "end in it (judged by the slowest batch so far); bench.md and bench.json are "
+                              "rewritten after every batch, so a cut run leaves its table")
     p_bench.add_argument("--methods", default=",".join(bench_methods),
                          help="comma-separated: greedy first (the baseline), then any of hf-pld, ngramspec, "
                               "ngramspec:name=value,... (settings variants side by side)")

@@ -16,6 +16,7 @@ the default CPU curve: what a GPU run needs.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from collections import defaultdict
@@ -32,6 +33,7 @@ from .drafter_cost import drafter_us_per_step
 from .methods import HF_PLD_TOKENS, parse_method
 
 METHODS = ("greedy", "hf-pld", "ngramspec")
+LEARNED_QS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -103,10 +105,13 @@ def _generate(model, timer, ids, mask, method, max_new_tokens, pad_id):
 
 def select_items(names, limit, data_dir, tokenizer, min_prompt_tokens=0, max_prompt_tokens=None):
     """The first ``limit`` items of each set whose prompt has ``min_prompt_tokens`` to
-    ``max_prompt_tokens`` tokens (a long-prompt set: e.g. 1,000 to 8,000), in file order."""
-    chosen = []
+    ``max_prompt_tokens`` tokens (a long-prompt set: e.g. 1,000 to 8,000), in file order within
+    a set and round-robin over the sets (each set's first, then each set's second...), so a run
+    cut short by its time budget still covers every set."""
+    per_set = []
     for name in names:
-        found = 0
+        chosen, found = [], 0
+        per_set.append(chosen)
         for item in tasks.load_items(name, limit=None if (min_prompt_tokens or max_prompt_tokens) else limit,
                                      data_dir=data_dir):
             n = len(tasks.prompt_ids(tokenizer, item))
@@ -115,11 +120,16 @@ def select_items(names, limit, data_dir, tokenizer, min_prompt_tokens=0, max_pro
                 found += 1
                 if limit is not None and found == limit:
                     break
-    return chosen
+    return [pair for rank in itertools.zip_longest(*per_set) for pair in rank if pair is not None]
 
 
 def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=None, quiet=False,
-          batch_size=1, verify_cost=None, method_names=METHODS, prompt_tokens=(0, None)) -> dict:
+          batch_size=1, verify_cost=None, method_names=METHODS, prompt_tokens=(0, None), deadline=None,
+          on_batch=None) -> dict:
+    """One batch size: every method on the same batches. ``deadline`` (a ``time.time()``) stops
+    before a batch that would not end by then, judged by the slowest batch so far (the first
+    runs if the deadline has not passed); ``on_batch(result, line)`` is called after every batch with the result
+    so far and a one-line summary of that batch, so a run cut off still leaves its table."""
     from tqdm import tqdm
 
     methods = [parse_method(m if m != "ngramspec" or not settings else f"ngramspec:{settings}") for m in method_names]
@@ -135,15 +145,25 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
     items = select_items(names, limit, data_dir, tokenizer, *prompt_tokens)
     prompts = [tasks.prompt_ids(tokenizer, item) for _, item in items]
     groups = [list(range(i, min(i + batch_size, len(items)))) for i in range(0, len(items), batch_size)]
-    warm, warm_mask = left_pad(prompts[:batch_size], pad_id)
+    # Warm-up on the shortest prompts: it compiles and allocates; its length does not matter.
+    shortest = sorted(prompts, key=len)[:batch_size]
+    warm, warm_mask = left_pad(shortest, pad_id)
     warm_mask = warm_mask.to(model.device) if batch_size > 1 else None
     for method in methods:
         _generate(model, timer, warm.to(model.device), warm_mask, method, 8, pad_id)
+    if on_batch is not None:
+        on_batch(None, f"b={batch_size} warmed up: {len(groups)} batches planned")
     totals = defaultdict(lambda: defaultdict(float))
     identical = defaultdict(int)
     per_item = defaultdict(list)  # (group, method) -> (end-to-end, decode phase) ratios vs greedy
     batch_seconds = defaultdict(list)  # method -> wall seconds of each batch, in batch order
+    done, slowest = 0, 0.0
     for g, group in enumerate(tqdm(groups, desc=f"bench b={batch_size}", unit="batch", disable=quiet)):
+        # The first batch runs while the part's time lasts; later ones only if the slowest so
+        # far would still end in time (the caller bounds the whole run from outside as well).
+        if deadline is not None and time.time() + slowest > deadline:
+            break
+        batch_start = time.perf_counter()
         ids, mask = left_pad([prompts[i] for i in group], pad_id)
         ids, mask = ids.to(model.device), (mask.to(model.device) if batch_size > 1 else None)
         order = methods[g % len(methods) :] + methods[: g % len(methods)]
@@ -165,13 +185,28 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
                     t["forward_seconds"] += inside / len(group)
                     t["forwards"] += forwards / len(group)
                     t["row_forwards"] += forwards  # forwards this row took part in
+        same = True
         for method in methods[1:]:
             for i, mine, greedy in zip(group, outputs[method.name], outputs["greedy"]):
+                same &= mine == greedy
                 for key in (tasks.family_of(items[i][0]), "overall"):
                     identical[(key, method.name)] += mine == greedy
                     # Same tokens, so a ratio of times is the ratio of tokens/s.
                     per_item[(key, method.name)].append(
                         tuple(g / m for g, m in zip(seconds["greedy"], seconds[method.name])))
+        done += 1
+        slowest = max(time.perf_counter() - batch_start, slowest)
+        if on_batch is not None:
+            ratios = ", ".join(f"{m.name} {seconds['greedy'][0] / seconds[m.name][0]:.2f}x" for m in methods[1:])
+            sets = ",".join(sorted({items[i][0] for i in group}))
+            line = (f"b={batch_size} batch {done}/{len(groups)} ({sets}): greedy {seconds['greedy'][0]:.2f} s, "
+                    f"{ratios}, {'identical' if same else 'OUTPUTS DIFFER'}")
+            on_batch(_summary(totals, identical, per_item, batch_seconds, batch_size, methods, done, len(groups)), line)
+    timer.remove()
+    return _summary(totals, identical, per_item, batch_seconds, batch_size, methods, done, len(groups))
+
+
+def _summary(totals, identical, per_item, batch_seconds, batch_size, methods, done, planned) -> dict:
     rows = []
     for (group, name), t in totals.items():
         rows.append({
@@ -190,9 +225,18 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
         r["x_greedy_decode"] = r["decode_tok_s"] / by[(r["group"], "greedy")]["decode_tok_s"]
         pld = by.get((r["group"], "hf-pld"))
         r["x_hf_pld"] = r["tok_s"] / pld["tok_s"] if pld else None
-    timer.remove()
     spec = methods[-1].speculator
-    return {"rows": rows, "settings": repr(spec.config), "paired": paired(batch_seconds, batch_size)}
+    return {"rows": rows, "settings": repr(spec.config), "paired": paired(batch_seconds, batch_size),
+            "batches": [{"batch_size": batch_size, "done": done, "planned": planned}],
+            "learned_costs": learned_costs(methods)}
+
+
+def learned_costs(methods, context: int = 400) -> dict:
+    """What each online cost model (a method with no fixed ``verify_cost``) has learned so far:
+    its forward cost over q tokens relative to one, at the context the measured curve uses."""
+    return {m.name: {"observations": m.speculator.cost_model.observations,
+                     "curve": [(q, round(float(m.speculator.cost_model(q, context)), 3)) for q in LEARNED_QS]}
+            for m in methods if m.speculator is not None and m.speculator.cost_model.learn}
 
 
 def paired(batch_seconds: dict, batch_size: int) -> list[dict]:
@@ -231,19 +275,34 @@ def markdown(result: dict) -> str:
             lines.append(f"| {p.get('dtype', '')} | {p['batch_size']} | {p['method']} | {p['other']} | "
                          f"{p['batches']} | {p['worst']:.2f}x | {p['median']:.2f}x | {p['at_least_level']} | "
                          f"{p['at_least_095']} |")
-    d = result["drafter_us_per_step"]
-    lines += ["", "Drafter (propose + extend) per step: "
-              + ", ".join(f"{c // 1000}k context {us:.1f} us" for c, us in d.items())]
+    d = result.get("drafter_us_per_step")
+    if d:
+        lines += ["", "Drafter (propose + extend) per step: "
+                  + ", ".join(f"{int(c) // 1000}k context {us:.1f} us" for c, us in d.items())]
     if result.get("verify_costs"):
         for dtype, curve in result["verify_costs"].items():
             lines.append(f"Measured verify cost ({dtype}): " + ", ".join(f"q={q}: {c:.2f}" for q, c in curve))
+    for dtype, learned in result.get("learned_costs", {}).items():
+        measured = dict(result.get("measured_costs", {}).get(dtype, ()))
+        for name, model in learned.items():
+            lines += ["", f"Verify cost at 400 tokens of context relative to one token ({dtype}): what {name}'s "
+                      f"online cost model learned ({model['observations']} timed forwards)"
+                      + (" beside this device's measured curve" if measured else ""), "",
+                      "| q | " + " | ".join(str(q) for q, _ in model["curve"]) + " |",
+                      "|---|" + "---|" * len(model["curve"]),
+                      "| learned | " + " | ".join(f"{c:.2f}" for _, c in model["curve"]) + " |"]
+            if measured:
+                lines.append("| measured | " + " | ".join(f"{measured[q]:.2f}" if q in measured else "" for q, _ in
+                                                          model["curve"]) + " |")
     return "\n".join(lines)
 
 
 def main(args) -> int:
     from ngramspec import SpeculatorConfig, load_model
-    from ngramspec.costs import cached_cost_curve
+    from ngramspec.costs import cached_cost_curve, measure_cost_curve
 
+    started = time.time()
+    deadline = started + args.budget_s if args.budget_s else None
     torch.set_num_threads(args.threads or torch.get_num_threads())
     names = [n.strip() for n in args.tasks.split(",") if n.strip()]
     batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
@@ -258,37 +317,72 @@ def main(args) -> int:
             raise ValueError(f"--device {args.device!r}: {err}") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {args.device}: this machine has no CUDA device")
-    started = time.time()
-    result = {"rows": [], "paired": [], "verify_costs": {}}
+    result = {"rows": [], "paired": [], "batches": [], "verify_costs": {}, "measured_costs": {}, "learned_costs": {},
+              "command": args.command_line, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    config = SpeculatorConfig.from_overrides(args.settings or "")
+
+    def report(part=None, line=None):
+        """Print ``line`` and rewrite bench.md/bench.json with everything so far plus ``part``."""
+        now = dict(result)
+        if part is None and line is not None:  # a line only (a phase began)
+            print(f"[{(time.time() - started) / 60:.1f} min] {dtype_name} {line}", flush=True)
+            return now
+        if part is not None:
+            for key in ("rows", "paired", "batches"):
+                now[key] = result[key] + [r | {"dtype": dtype_name} for r in part[key]]
+            now["settings"] = part["settings"]
+            now["learned_costs"] = result["learned_costs"] | {dtype_name: part["learned_costs"]}
+        now["minutes"] = round((time.time() - started) / 60, 1)
+        if line is not None:
+            print(f"[{now['minutes']:.1f} min] {dtype_name} {line}", flush=True)
+        if args.out:
+            text = header(now, args.max_new_tokens) + markdown(now)
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            write_atomic(out / "bench.md", f"# Benchmark\n\nCommand: `{args.command_line}`\n\n{text}\n")
+            write_atomic(out / "bench.json", json.dumps(now, indent=1, default=str))
+        return now
+
     for dtype in dtypes:
+        if deadline is not None and time.time() > deadline:
+            print(f"time budget spent: {dtype} not run", flush=True)
+            break
         model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES.get(dtype))
         dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
+        result["device"] = str(model.device)
+        if result["device"].startswith("cuda"):
+            result["gpu"] = torch.cuda.get_device_name(0)
         curve = cached_cost_curve(model) if args.measure_cost else None
         if curve:
             result["verify_costs"][dtype_name] = curve
-        for batch_size in batch_sizes:
+        if args.print_cost:  # measured now, for the table only: sizing stays with the online model
+            measured = measure_cost_curve(model, qs=LEARNED_QS, repeats=5)
+            result["measured_costs"][dtype_name] = [(q, round(measured[q], 3)) for q in LEARNED_QS]
+            report(line="measured verify cost " + ", ".join(f"q={q}: {c:.2f}" for q, c in
+                                                             result["measured_costs"][dtype_name]))
+        for b, batch_size in enumerate(batch_sizes):
+            # Each (dtype, batch size) part gets an equal share of what is left, so a tight budget
+            # still measures every part, on fewer items.
+            parts_left = (len(dtypes) - dtypes.index(dtype)) * len(batch_sizes) - b
+            part_deadline = None if deadline is None else time.time() + (deadline - time.time()) / parts_left
             part = bench(model, tokenizer, names, args.limit, args.max_new_tokens, args.settings, args.data_dir,
                          args.quiet, batch_size, curve, method_names=args.methods,
-                         prompt_tokens=(args.min_prompt_tokens, args.max_prompt_tokens))
-            for r in part["rows"] + part["paired"]:
-                r["dtype"] = dtype_name
-            result["rows"] += part["rows"]
-            result["paired"] += part["paired"]
-            result["settings"] = part["settings"]
-        device = str(model.device)
+                         prompt_tokens=(args.min_prompt_tokens, args.max_prompt_tokens), deadline=part_deadline,
+                         on_batch=lambda part, line: report(part, line))
+            result = report(part)
         del model
-    config = SpeculatorConfig.from_overrides(args.settings or "")
-    result["drafter_us_per_step"] = {c: drafter_us_per_step(config, c) for c in (1_000, 16_000, 128_000)}
-    result.update(command=args.command_line, threads=torch.get_num_threads(), device=device, torch=torch.__version__,
-                  minutes=round((time.time() - started) / 60, 1))
-    if device.startswith("cuda"):
-        result["gpu"] = torch.cuda.get_device_name(0)
-    text = (f"torch {torch.__version__}, torch threads {result['threads']}, device {result.get('gpu', device)}, "
-            f"{args.max_new_tokens} new tokens, ngramspec settings: {result['settings']}\n\n" + markdown(result))
-    print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "bench.md", f"# Benchmark\n\nCommand: `{args.command_line}`\n\n{text}\n")
-        write_atomic(out / "bench.json", json.dumps(result, indent=1, default=str))
+    if deadline is None or time.time() < deadline:
+        result["drafter_us_per_step"] = {c: drafter_us_per_step(config, c) for c in (1_000, 16_000, 128_000)}
+    result = report()
+    print(header(result, args.max_new_tokens) + markdown(result))
     return 0
+
+
+def header(result: dict, max_new_tokens: int) -> str:
+    cut = [b for b in result["batches"] if b["done"] < b["planned"]]
+    budget = ("" if not cut else "\n\nCut by the time budget: " + ", ".join(
+        f"{b.get('dtype', '')} batch size {b['batch_size']}: {b['done']} of {b['planned']} batches" for b in cut))
+    device = result.get('gpu', result.get('device'))
+    return (f"torch {result['torch']}, torch threads {result['threads']}, device {device}, "
+            f"{max_new_tokens} new tokens, {result.get('minutes', 0)} min, ngramspec settings: "
+            f"{result.get('settings', '')}{budget}\n\n")

@@ -311,6 +311,53 @@ def test_bench_long_prompts_decode_phase_and_settings_side_by_side(tiny_model_di
     assert "| 1 | ngramspec | ngramspec:verify_cost=1:1.0,8:1.5 | 2 |" in stdout
 
 
+@needs_data
+def test_bench_reports_after_every_batch_and_a_budget_cuts_it_short(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NGRAMSPEC_CACHE", str(tmp_path / "cache"))
+    argv = ["bench", "--model", str(tiny_model_dir), "--tasks", "jfleg,quixbugs", "--limit", "2", "--max-new-tokens",
+            "8", "--quiet", "--print-cost", "--out", str(tmp_path / "full")]
+    code, stdout, err = eval_main(argv, capsys)
+    assert code == 0, err[-3000:]
+    # One line per item as it ends, round-robin over the sets, then the table.
+    lines = [line for line in stdout.splitlines() if "b=1 batch" in line]
+    assert [line.split("batch ")[1][:3] for line in lines] == ["1/4", "2/4", "3/4", "4/4"]
+    assert "(jfleg)" in lines[0] and "(quixbugs)" in lines[1] and all("identical" in line for line in lines)
+    result = json.loads((tmp_path / "full" / "bench.json").read_text())
+    assert result["batches"] == [{"batch_size": 1, "done": 4, "planned": 4, "dtype": "float32"}]
+    learned = result["learned_costs"]["float32"]["ngramspec"]
+    assert learned["observations"] > 0 and learned["curve"][0] == [1, 1.0]
+    assert [q for q, _ in result["measured_costs"]["float32"]] == [q for q, _ in learned["curve"]]
+    assert "| learned |" in stdout and "| measured |" in stdout and "Cut by" not in stdout
+    # A budget spent before the first item: the table says so, and nothing is timed.
+    code, stdout, err = eval_main(argv[:-1] + [str(tmp_path / "cut"), "--budget-s", "0.01"], capsys)
+    assert code == 0, err[-3000:]
+    assert "Cut by the time budget: float32 batch size 1: 0 of 4 batches" in (tmp_path / "cut" / "bench.md").read_text()
+    assert json.loads((tmp_path / "cut" / "bench.json").read_text())["rows"] == []
+
+
+def test_bench_writes_the_table_after_every_batch(tiny_model_dir, monkeypatch, tmp_path):
+    from eval.bench import bench
+    from ngramspec import load_model
+
+    data = tmp_path / "data"
+    for name, n in (("jfleg", 3), ("quixbugs", 1)):
+        task = tasks.TASKS[name]
+        (data / task.file).parent.mkdir(parents=True, exist_ok=True)
+        rows = ({"id": f"{name}{i}", "task": name, "source": f"Fix thsi sentense {i} .",
+                 "instruction": "Fix it:", "references": ["x"]} for i in range(n))
+        (data / task.file).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    model, tokenizer = load_model(str(tiny_model_dir))
+    seen = []
+    result = bench(model, tokenizer, ["jfleg", "quixbugs"], 3, 6, data_dir=str(data), quiet=True,
+                   on_batch=lambda part, line: seen.append((part, line)))
+    assert seen[0][0] is None and "4 batches planned" in seen.pop(0)[1]  # the warm-up's line
+    # Round-robin: jfleg0, quixbugs0, jfleg1, jfleg2; the table after each holds that many items.
+    assert [line.split("(")[1].split(")")[0] for _, line in seen] == ["jfleg", "quixbugs", "jfleg", "jfleg"]
+    counts = [{r["method"]: r["items"] for r in part["rows"] if r["group"] == "overall"} for part, _ in seen]
+    assert counts == [dict.fromkeys(("greedy", "hf-pld", "ngramspec"), n) for n in (1, 2, 3, 4)]
+    assert result["batches"] == [{"batch_size": 1, "done": 4, "planned": 4}]
+
+
 @pytest.mark.parametrize("module, argv", [("eval.vllm_bench", ["--concurrency", "1,x"]),
                                            ("eval.vllm_cost", ["--rows", "-1"]),
                                            ("eval.vllm_cost", ["--context", "500,0"])])

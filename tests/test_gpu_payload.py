@@ -1,0 +1,49 @@
+"""The GPU check's payload (eval/gpu_payload.py): pip's resolver, run against stand-ins of what a
+GPU image holds, names exactly what the image lacks."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from eval import gpu_payload
+
+
+def test_the_image_lists_this_interpreter_and_its_distributions():
+    held = gpu_payload.image()
+    assert held["python"] == f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert {"torch", "transformers", "numba"} <= set(held["dists"])
+    assert any(r.startswith("numpy") for r in held["dists"]["numba"]["requires"])
+
+
+def test_stand_ins_read_back_as_installed_distributions(tmp_path):
+    held = {"python": "3.12", "dists": {"foo-bar": {"name": "Foo_Bar", "version": "1.2.3",
+                                                    "requires": ["numpy>=2", "tqdm; extra == 'cli'"]}}}
+    gpu_payload.write_stand_ins(held, tmp_path)
+    read = subprocess.run([sys.executable, "-c", "from importlib import metadata as m; d = m.distribution('foo-bar'); "
+                           "print(d.version, d.requires)"], env={"PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True, check=True).stdout
+    assert read.strip() == "1.2.3 ['numpy>=2', \"tqdm; extra == 'cli'\"]"
+
+
+@pytest.mark.slow
+def test_resolving_against_an_image_names_only_what_it_lacks(tmp_path):
+    """This environment as the image: it lacks nothing. The same image without tqdm and with an
+    older rapidfuzz: exactly those two are downloaded, each as a wheel for the image."""
+    held = gpu_payload.image()
+    transformers = held["dists"]["transformers"]["version"]
+    assert gpu_payload.resolve(held, tmp_path / "same", transformers) == []
+    tqdm = held["dists"].pop("tqdm")["version"]
+    held["dists"]["rapidfuzz"]["version"] = "2.0.0"
+    needed = gpu_payload.resolve(held, tmp_path / "older", transformers)
+    assert sorted(n.split("==")[0].lower() for n in needed) == ["rapidfuzz", "tqdm"]
+    assert f"tqdm=={tqdm}" in needed
+    wheels = sorted(p.name.split("-")[0].lower() for p in (tmp_path / "older" / "whl").glob("*.whl"))
+    assert wheels == ["rapidfuzz", "tqdm"]
+
+
+def test_the_command_line_explains_itself(capsys):
+    assert gpu_payload.main([]) == 2
+    assert "resolve IMAGE.json DIR" in capsys.readouterr().err
+    json.dumps(gpu_payload.image())  # the manifest is plain JSON
