@@ -89,6 +89,12 @@ def _main(argv=None) -> int:
                           help="verify-cost curve 'q:cost,...' relative to one token (default: the measured CPU curve)")
     p_replay.add_argument("--eos", default="2", help="EOS ids for the hf-rule's EOS cut (default 2, SmolLM2's)")
     p_replay.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    p_replay.add_argument("--model", default=None,
+                          help="the target in the loop: one teacher-forced forward per trace gives the drafters of "
+                               "ngramspec+source, ngramspec+acceptance (and both) the target's state and confidence "
+                               "at every verified position ('default' or a model folder; see eval/target.py)")
+    p_replay.add_argument("--states", default=None, help="with --model: an .npz that caches the forwards' features")
+    p_replay.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p_drafter = sub.add_parser("drafter", help="drafter time per step vs context length (no model)")
     p_drafter.add_argument("--contexts", default="1000,16000,128000", help="comma-separated context lengths")

@@ -34,20 +34,34 @@ def _family(dataset: str) -> str:
         return "other"
 
 
-def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eos_token_ids=()) -> dict:
-    """{drafter: {group: totals}} with groups per dataset, per family and "overall"."""
+def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eos_token_ids=(), views=None,
+               learned=None) -> dict:
+    """{drafter: {group: totals}} with groups per dataset, per family and "overall".
+    ``views``: the target's features per trace (:func:`eval.target.capture`), for the
+    ``ngramspec+LEAD`` methods; ``learned`` gets each such method's acceptance model."""
     results = {}
     for name in drafter_names:
         groups = defaultdict(lambda: defaultdict(float))
         kind, _, settings = name.partition(":")
         oracle, truth_sized = kind == "oracle", kind == "truth-sized"  # upper bounds: see eval/oracle.py
+        leads, acceptance_model = (), None
+        if "+" in kind:
+            from .target import AcceptanceModel, parse_method
+
+            if views is None:
+                raise ValueError(f"{name}: the target-aware methods need the target's features: give --model")
+            _, leads = parse_method(name)
+            kind = "ngramspec"
+            acceptance_model = AcceptanceModel()
+            if learned is not None:
+                learned[name] = acceptance_model
         if oracle:
             max_draft = int(parse_settings(settings).get("k", ORACLE_MAX_DRAFT))
         else:
-            drafter = make_drafter("ngramspec:" + settings if truth_sized else name, eos_token_ids)
+            drafter = make_drafter("ngramspec:" + settings if truth_sized or leads else name, eos_token_ids)
             if kind == "ngramspec" and "verify_cost" not in name:  # size drafts by the scoring curve
                 drafter = type(drafter)(drafter.config, verify_cost=cost.points)
-        for trace in traces:
+        for number, trace in enumerate(traces):
             if oracle:
                 tokens, forwards, total = oracle_replay(trace["prompt_ids"], trace["output_ids"], cost, max_draft)
             elif truth_sized:
@@ -57,7 +71,12 @@ def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eo
                 drafted, drafter_s = tokens - forwards, 0.0  # every draft of a bound is accepted
                 draft_steps, accepted = 0, 0  # not counted: bounds, not drafters
             else:
-                result = replay(drafter.start(trace["prompt_ids"]), trace["output_ids"], cost)
+                session = drafter.start(trace["prompt_ids"])
+                if leads:
+                    from .target import TargetAwareSession
+
+                    session = TargetAwareSession(session, views[number], leads, acceptance_model)
+                result = replay(session, trace["output_ids"], cost)
                 s = result.stats
                 tokens, forwards, total = s.new_tokens, s.target_forwards, result.cost
                 drafted, drafter_s = s.drafted_tokens, s.drafter_seconds
@@ -146,8 +165,26 @@ def main(args) -> int:
     traces = load_traces(args.traces)
     cost = CostCurve.parse(args.cost) if args.cost else DEFAULT_CPU_CURVE
     names = split_methods(args.methods)
-    results = replay_all(traces, names, cost, eos_token_ids=tuple(int(t) for t in args.eos.split(",") if t))
+    views, learned = None, {}
+    if getattr(args, "model", None):  # the target in the loop: one teacher-forced forward per trace
+        from ngramspec import load_model
+
+        from .target import capture
+
+        model, _ = load_model(args.model)
+        views = capture(model, traces, Path(args.states) if args.states else None, quiet=args.quiet)
+        del model
+    results = replay_all(traces, names, cost, eos_token_ids=tuple(int(t) for t in args.eos.split(",") if t),
+                         views=views, learned=learned)
     text = markdown(results, cost)
+    if "oracle" in results:
+        from .target import oracle_shares
+
+        text += "\n\n" + oracle_shares(results)
+    if learned:
+        from .target import acceptance_report
+
+        text += "\n\n" + acceptance_report(learned)
     print(text)
     if args.out:
         out = Path(args.out)
