@@ -354,7 +354,7 @@ def line_scale(x, seconds, min_steps, min_spread):
     at a time, vLLM on 2 cores, 1-4 token drafts cost +0-10% and 24 tokens +110%, and the plain
     median read a scale of 0.0-0.2 (long drafts "free", drafts grew to 9 tokens for the same
     accepted tokens); weighting by the spread lets the pairs that span the sizes speak. (n =
-    128 gives 8,128 pairs, refitted every STEP_REFIT steps.) Reference: :func:`line_scale_reference`."""
+    128 gives 8,128 pairs, refitted every STEP_REFIT steps.) Reference: ``tests/reference_fit.py``."""
     n = x.shape[0]
     if n < min_steps or x.max() - x.min() < min_spread:
         return -1.0
@@ -379,24 +379,6 @@ def line_scale(x, seconds, min_steps, min_spread):
         if total >= half:
             break
     plain = np.median(seconds - slope * x)
-    if plain <= 0:
-        return -1.0
-    return min(max(slope / plain, 0.0), 50.0)
-
-
-def line_scale_reference(x, seconds, min_steps: int, min_spread: float) -> float:
-    """:func:`line_scale` in numpy."""
-    x, seconds = np.asarray(x, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
-    if len(x) < min_steps or x.max() - x.min() < min_spread:
-        return -1.0
-    i, j = np.triu_indices(len(x), 1)
-    apart = np.abs(x[j] - x[i]) > min_spread / 10
-    slopes = (seconds[j] - seconds[i])[apart] / (x[j] - x[i])[apart]
-    weights = np.abs(x[j] - x[i])[apart]
-    order = np.argsort(slopes, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    slope = float(slopes[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])])
-    plain = float(np.median(seconds - slope * x))
     if plain <= 0:
         return -1.0
     return min(max(slope / plain, 0.0), 50.0)

@@ -203,21 +203,11 @@ def find_slot(row, candidates, excluded, taken, streams, state, uniforms):
     """The first slot of ``candidates`` whose text ``row`` continues (:func:`spot_check`, and
     the same first HEAD tokens, as many of them), skipping ``excluded`` (the slot the row just
     failed its check against: it would fail again) and slots marked in ``taken``; -1 if none.
-    Reference: :func:`find_slot_reference`."""
+    Reference: ``tests/reference_rows.py``."""
     head = min(HEAD, row.shape[0])
     for s in candidates:
         if s != excluded and not taken[s] and min(HEAD, state[s, LENGTH]) == head \
                 and spot_check(streams[s], row, state[s, LENGTH], uniforms):
-            return s
-    return -1
-
-
-def find_slot_reference(row, candidates, excluded, taken, streams, state, uniforms) -> int:
-    """:func:`find_slot` in plain Python, each slot's text compared by its first tokens."""
-    for s in candidates.tolist():
-        seen = int(state[s, LENGTH])
-        if s != excluded and not taken[s] and streams[s][: min(HEAD, seen)].tolist() == row[:HEAD].tolist() \
-                and spot_check_reference(streams[s], row, seen, uniforms):
             return s
     return -1
 
@@ -227,7 +217,7 @@ def spot_check(stream, row, seen, uniforms):
     """Do ``stream[:seen]`` and ``row`` agree on the first HEAD and last TAIL positions of
     ``stream[:seen]`` and at ``int(u * seen)`` for each u in ``uniforms``? (One compiled call per
     row: numpy would take a few calls and microseconds each.) False where ``stream`` holds no
-    tokens or more than ``row``. Reference: :func:`spot_check_reference`."""
+    tokens or more than ``row``. Reference: ``tests/reference_rows.py``."""
     if seen == 0 or seen > row.shape[0]:
         return False
     for k in range(min(HEAD, seen)):
@@ -241,16 +231,6 @@ def spot_check(stream, row, seen, uniforms):
         if stream[k] != row[k]:
             return False
     return True
-
-
-def spot_check_reference(stream, row, seen, uniforms) -> bool:
-    """:func:`spot_check` in plain numpy."""
-    if seen == 0 or seen > row.shape[0]:
-        return False
-    head, tail = min(HEAD, seen), max(0, seen - TAIL)
-    probes = np.minimum((np.asarray(uniforms) * seen).astype(np.int64), seen - 1)
-    return bool(np.array_equal(stream[:head], row[:head]) and np.array_equal(stream[tail:seen], row[tail:seen])
-                and np.array_equal(stream[probes], row[probes]))
 
 
 class Proposer:

@@ -17,15 +17,18 @@ from ngramspec.acceptance import (
     REJECTED,
     SOURCES,
     bucket,
-    bucket_reference,
     fade,
-    fade_reference,
     learn,
-    learn_reference,
     match_length,
-    match_length_reference,
     new_evidence,
     position_acceptance,
+)
+
+from reference_acceptance import (
+    bucket_reference,
+    fade_reference,
+    learn_reference,
+    match_length_reference,
     position_acceptance_reference,
 )
 

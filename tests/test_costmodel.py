@@ -8,10 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ngramspec import NgramSpeculator
-from ngramspec.costmodel import ForwardTimer, OnlineCost, line_scale, line_scale_reference
+from ngramspec.costmodel import ForwardTimer, OnlineCost, line_scale
 from ngramspec.costs import CostCurve, CostPrior
 from ngramspec.decode import Options, StopRule, speculative_decode
 
+from reference_fit import line_scale_reference
 from test_decode import FakeTarget, plain
 
 LOW = CostCurve(((1, 1.0), (16, 2.0)))

@@ -25,11 +25,11 @@ from ngramspec.vllm import (
     RowSessions,
     check_rows,
     find_slot,
-    find_slot_reference,
     propose_rows,
     spot_check,
-    spot_check_reference,
 )
+
+from reference_rows import find_slot_reference, spot_check_reference
 
 MAX_LEN = 4096
 
