@@ -10,12 +10,14 @@ Importing the package lets every transformers model's ``generate`` accept
 ``ngram_speculator=``; without it, ``generate`` behaves exactly as before.
 """
 
-from .checks import UnsupportedGenerationError
-from .config import SpeculatorConfig
-from .hook import install, ngram_generate, uninstall
-from .metrics import DecodeStats
-from .models import ModelNotFoundError, load_model
-from .speculator import Draft, NgramSpeculator, SpeculationSession
+from .draft.config import SpeculatorConfig
+from .draft.metrics import DecodeStats
+from .draft.proposal import Draft
+from .draft.session import SpeculationSession
+from .draft.speculator import NgramSpeculator
+from .hf.checks import UnsupportedGenerationError
+from .hf.hook import install, ngram_generate, uninstall
+from .hf.models import ModelNotFoundError, load_model
 
 __version__ = "0.1.0"  # the only place the version is declared: pyproject.toml reads it
 

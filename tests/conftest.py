@@ -106,7 +106,7 @@ PROCESSOR_CASES = [
 def verify_mode(request, monkeypatch):
     """Both ways a step with processors or sampling decides its draft positions: one by one
     up to the first rejection (CPU), or all at once in one sync (accelerators; forced here)."""
-    from ngramspec import verify
+    from ngramspec.hf import verify
 
     if request.param == "all_at_once":
         monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: True)

@@ -1,6 +1,6 @@
 """Plain-Python references of ngramspec's acceptance kernels (test-only).
 
-Each answers what its Numba kernel in ``ngramspec/acceptance.py`` answers, written plainly;
+Each answers what its Numba kernel in ``ngramspec/draft/acceptance.py`` answers, written plainly;
 ``test_acceptance.py`` pins the two together with Hypothesis.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ngramspec.acceptance import BUCKETS, MATCH_CAP, POOL_PRIOR_WEIGHT, POOL_WINDOW, REQUEST_WEIGHT
+from ngramspec.draft.acceptance import BUCKETS, MATCH_CAP, POOL_PRIOR_WEIGHT, POOL_WINDOW, REQUEST_WEIGHT
 
 
 def bucket_reference(match: int) -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ngramspec.sessions import LENGTH
-from ngramspec.vllm import HEAD, TAIL
+from ngramspec.draft.sessions import LENGTH
+from ngramspec.vllm.rows import HEAD, TAIL
 
 
 def find_slot_reference(row, candidates, excluded, taken, streams, state, uniforms) -> int:

@@ -1,4 +1,4 @@
-"""The per-position acceptance estimate (ngramspec.acceptance): its kernels pinned to their
+"""The per-position acceptance estimate (ngramspec.draft.acceptance): its kernels pinned to their
 plain-Python references, its worked example, and what it must learn."""
 
 import numpy as np
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ngramspec import NgramSpeculator
-from ngramspec.acceptance import (
+from ngramspec.draft.acceptance import (
     BUCKETS,
     CONTESTED,
     HISTORY,

@@ -150,8 +150,8 @@ class DeviceLogits(torch.Tensor):
 def test_the_accelerator_path_reads_the_device_once_per_forward(tiny_model, monkeypatch, kwargs):
     """With every position decided at once (the accelerator way, forced here on CPU), a step
     reads its forward's results on the host once: greedy, sampling with warpers, processors."""
-    from ngramspec import verify
-    from ngramspec.hf import HFTarget
+    from ngramspec.hf import verify
+    from ngramspec.hf.target import HFTarget
 
     monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: True)
     original, forwards = HFTarget.forward, []

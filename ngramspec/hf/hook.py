@@ -8,7 +8,7 @@ Two ways in, one implementation:
 * ``model.generate(ids, custom_generate=ngramspec.ngram_generate, ngram_speculator=spec)``:
   the hook itself. generate() does all of its preparation (config merge, special tokens,
   attention mask, a fresh DynamicCache, logits processors, stopping criteria) and then calls
-  :func:`ngram_generate`, which runs the loop of ``decode.py`` on an ``hf.HFTarget``.
+  :func:`ngram_generate`, which runs the loop of ``decode.py`` on a ``target.HFTarget``.
 
 generate() does not hand its ``streamer`` to a ``custom_generate`` callable, so the wrapper
 passes it on as ``ngram_streamer``.
@@ -25,12 +25,12 @@ from transformers import DynamicCache, GenerationMixin
 from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 
-from . import hf
+from ..cost.timer import ForwardTimer
+from ..draft.metrics import DecodeStats
+from ..draft.speculator import NgramSpeculator
+from . import target as hf
 from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail
-from .costmodel import ForwardTimer
 from .decode import DecodeResult, Options, speculative_decode, stack_per_index
-from .metrics import DecodeStats
-from .speculator import NgramSpeculator
 
 
 def ngram_generate(

@@ -2,7 +2,7 @@
 
 Row b's j-th draft token (j = 1, 2, ...) is accepted with probability ``acceptance[b, j - 1]``
 given that the one before it was (a per-position estimate,
-:func:`ngramspec.acceptance.position_acceptance`), so it is emitted with probability
+:func:`ngramspec.draft.acceptance.position_acceptance`), so it is emitted with probability
 g_bj = acceptance[b, 0] * ... * acceptance[b, j - 1], its *gain*; gains fall with j. A step that
 verifies m draft positions costs ``step_costs[m]`` (relative to any fixed unit, e.g. a one-token
 forward). The rule picks the m that maximises expected emitted tokens per unit cost, against a

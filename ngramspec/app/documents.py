@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import StoppingCriteriaList
 
+from ..draft.metrics import DecodeStats
 from .chunking import Chunk, join_chunks, split_document
 from .guard import MAX_GROWTH, SIMILARITY_FLOOR, LoopStop, drift_reason, length_bound, similarity
-from .metrics import DecodeStats
 
 # Defaults of a DocumentJob, which the CLI's options read from here.
 SUMMARIZE_INSTRUCTION = "Summarize the following text in a few sentences."
