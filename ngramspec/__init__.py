@@ -6,8 +6,11 @@
     out = model.generate(input_ids, ngram_speculator=spec, max_new_tokens=256)
     print(spec.last_stats)
 
-Importing the package lets every transformers model's ``generate`` accept
-``ngram_speculator=``; without it, ``generate`` behaves exactly as before.
+Importing the package changes nothing in transformers. :func:`install` (idempotent; called by
+:func:`load_model` and by ``DocumentJob``) lets every transformers model's ``generate`` accept
+``ngram_speculator=``; calls without it behave exactly as before, and :func:`uninstall` puts
+transformers' own ``generate`` back. ``model.generate(ids, custom_generate=ngram_generate,
+ngram_speculator=spec)`` needs no install. Nothing in ``ngramspec.vllm`` installs.
 """
 
 from .draft.config import SpeculatorConfig
@@ -20,8 +23,6 @@ from .hf.hook import install, ngram_generate, uninstall
 from .hf.models import ModelNotFoundError, load_model
 
 __version__ = "0.1.0"  # the only place the version is declared: pyproject.toml reads it
-
-install()
 
 __all__ = [
     "DecodeStats",

@@ -12,7 +12,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tasks/, eval/ at the repo root
 
-import ngramspec  # noqa: E402  (installs the generate hook)
+import ngramspec  # noqa: E402
+
+ngramspec.install()  # the tests call model.generate(ngram_speculator=...) on models built from configs
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     # Parallel workers (pytest -n): the cores are shared out, one torch pool per worker, rather

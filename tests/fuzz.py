@@ -68,7 +68,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from ngramspec import NgramSpeculator
+from ngramspec import NgramSpeculator, install
 from ngramspec.hf import verify
 from ngramspec.hf.target import left_pad
 
@@ -577,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cases < 0 or args.first < 0:
         parser.error("--cases and --first must be >= 0")
+    install()  # model.generate(ngram_speculator=...) below
     indices = [args.case] if args.case is not None else list(range(args.first, args.first + args.cases))
     from tqdm import tqdm
 

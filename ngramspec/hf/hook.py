@@ -2,7 +2,8 @@
 
 Two ways in, one implementation:
 
-* ``model.generate(ids, ngram_speculator=spec, ...)``: ``import ngramspec`` wraps
+* ``model.generate(ids, ngram_speculator=spec, ...)``: :func:`install` (``ngramspec.install()``,
+  also called by ``load_model()`` and ``DocumentJob``; importing ngramspec does not) wraps
   ``GenerationMixin.generate`` once. Calls without ``ngram_speculator`` go to the original
   untouched; calls with it are routed through transformers' official extension hook below.
 * ``model.generate(ids, custom_generate=ngramspec.ngram_generate, ngram_speculator=spec)``:
@@ -186,7 +187,9 @@ def _wrap_generate(original):
 
 
 def install() -> None:
-    """Let ``model.generate`` accept ``ngram_speculator=`` (idempotent; done on import)."""
+    """Let ``model.generate`` accept ``ngram_speculator=``: wraps ``GenerationMixin.generate`` once
+    (idempotent: later calls change nothing). Importing ngramspec does not call it;
+    ``load_model()`` and ``DocumentJob`` do."""
     if not hasattr(GenerationMixin.generate, "_ngramspec_original"):
         GenerationMixin.generate = _wrap_generate(GenerationMixin.generate)
 

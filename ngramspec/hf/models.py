@@ -110,9 +110,13 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype=No
     hub id; anything but ``"default"`` goes straight to transformers' ``from_pretrained``.
     ``device`` defaults to CUDA when available, else CPU; ``dtype`` to float32 on CPU and
     bfloat16 on CUDA. Extra keyword arguments go to ``AutoModelForCausalLM.from_pretrained``.
+    Also installs the ``generate()`` hook (:func:`ngramspec.install`), so the model's
+    ``generate`` accepts ``ngram_speculator=``.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .hook import install
 
     if not isinstance(name, (str, os.PathLike)) or not str(name).strip():
         raise ValueError(f"load_model() needs a model name, folder or hub id; got {name!r}.")
@@ -131,4 +135,5 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype=No
             "id available offline (this machine may have no network access)."
         ) from err
     model.to(device).eval()
+    install()
     return model, tokenizer
