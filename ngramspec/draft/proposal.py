@@ -46,8 +46,6 @@ FUZZY_CONTEXT = 6
 FUZZY_AHEAD = 16
 FUZZY_BELOW_N = 3
 
-_NO_TOKENS = np.zeros(0, dtype=np.int32)
-_NO_TOKENS.flags.writeable = False
 _NO_ESTIMATES = np.zeros(0)
 _NO_ESTIMATES.flags.writeable = False
 

@@ -14,7 +14,6 @@ from .config import SpeculatorConfig
 from .history import SEPARATOR
 from .index import NgramIndex
 from .proposal import (
-    _NO_TOKENS,
     FUZZY_AHEAD,
     FUZZY_BELOW_N,
     FUZZY_CONTEXT,
@@ -32,6 +31,9 @@ EDIT_SPAN = 8
 MAX_EDITS = 8
 # Tree branches may add positions while the forward costs at most this much more than the chain.
 TREE_COST_SLACK = 0.1
+
+_NO_TOKENS = np.zeros(0, dtype=np.int32)
+_NO_TOKENS.flags.writeable = False
 
 
 class SpeculationSession:
