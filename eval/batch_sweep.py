@@ -23,8 +23,8 @@ import torch
 import ngramspec
 import tasks
 from ngramspec import NgramSpeculator, SpeculatorConfig
-from ngramspec.files import write_atomic
-from ngramspec.hf import left_pad
+from ngramspec.hf.target import left_pad
+from ngramspec.util.files import write_atomic
 
 DEFAULT_TASKS = "jfleg,asset,iterater_human,humanevalfix,quixbugs,editeval_instructcoder"
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 import tasks
-from ngramspec.files import write_atomic
-from ngramspec.hf import left_pad
+from ngramspec.hf.target import left_pad
+from ngramspec.util.files import write_atomic
 
 from .batch_sweep import real_new_tokens
 from .drafter_cost import drafter_us_per_step
@@ -299,7 +299,7 @@ def markdown(result: dict) -> str:
 
 def main(args) -> int:
     from ngramspec import SpeculatorConfig, load_model
-    from ngramspec.costs import cached_cost_curve, measure_cost_curve
+    from ngramspec.cost.curves import cached_cost_curve, measure_cost_curve
 
     started = time.time()
     deadline = started + args.budget_s if args.budget_s else None

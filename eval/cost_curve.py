@@ -14,7 +14,7 @@ import argparse
 import torch
 
 import ngramspec
-from ngramspec.costs import measure_cost_curve
+from ngramspec.cost.curves import measure_cost_curve
 
 
 def main(argv=None) -> int:

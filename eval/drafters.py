@@ -145,7 +145,7 @@ def make_drafter(text: str, eos_token_ids=()):
     """``hf-rule``, ``vllm-rule[:min_n=1,max_n=4,k=5]``, ``suffix[:k=24]``, ``suffix-global[:k=24]``,
     ``ngramspec[:settings]``."""
     from ngramspec import NgramSpeculator, SpeculatorConfig
-    from ngramspec.config import parse_settings
+    from ngramspec.draft.config import parse_settings
 
     name, _, settings = text.partition(":")
     if name == "hf-rule":

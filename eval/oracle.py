@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ngramspec.config import SpeculatorConfig
-from ngramspec.verify import accepted_length
+from ngramspec.draft.config import SpeculatorConfig
+from ngramspec.draft.walk import accepted_length
 
 # The oracle drafts as far as ngramspec's default may (a bound must not draft less).
 ORACLE_MAX_DRAFT = SpeculatorConfig().max_draft_tokens

@@ -37,7 +37,7 @@ import sysconfig
 import tokenize
 from pathlib import Path
 
-from ngramspec.guard import parses_as_python
+from ngramspec.app.guard import parses_as_python
 
 INSTRUCTIONS = {
     "code": "Fix the spelling mistakes in the comments and docstrings. Change nothing else.",
@@ -81,7 +81,7 @@ def candidates(group: str) -> list[Path]:
 
 
 def kind_of_path(path: Path) -> str:
-    from ngramspec.chunking import kind_of
+    from ngramspec.app.chunking import kind_of
 
     kind = kind_of(str(path), "")
     if kind == "text" and path.suffix in ("", ".txt") and re.search(r"^#{1,6} \S", _readable(path) or "", re.M):
@@ -200,7 +200,7 @@ def score_typos(clean: str, typoed: str, output: str, typos: list[dict]) -> dict
 # -- the suite ---------------------------------------------------------------------------------
 def run_document(job, plain_job, doc: dict, seed: int) -> dict:
     """One document through ngramspec (and plain greedy, for the speed-up): its row."""
-    from ngramspec.documents import JobStats
+    from ngramspec.app.documents import JobStats
 
     typoed, typos = inject_typos(doc["clean"], doc["kind"], seed)
     instruction = INSTRUCTIONS[doc["kind"]]
@@ -264,7 +264,7 @@ def run_suite(args) -> int:
     from tqdm import tqdm
 
     from ngramspec import NgramSpeculator, SpeculatorConfig, load_model
-    from ngramspec.documents import DocumentJob
+    from ngramspec.app.documents import DocumentJob
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -304,7 +304,7 @@ BOUND_SETS = ("jfleg", "asset", "iterater_human", "humanevalfix", "quixbugs", "e
 def bounds(args) -> int:
     """Per set: share of references (people's edits) the guard's rules would stop or keep."""
     import tasks
-    from ngramspec.guard import (
+    from ngramspec.app.guard import (
         GROWTH_SLACK_CHARS,
         MAX_GROWTH,
         SIMILARITY_FLOOR,
@@ -364,7 +364,7 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     if args.chunk_tokens is None:
-        from ngramspec.documents import CHUNK_TOKENS
+        from ngramspec.app.documents import CHUNK_TOKENS
 
         args.chunk_tokens = CHUNK_TOKENS
     return bounds(args) if args.bounds else run_suite(args)

@@ -12,10 +12,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import tasks
-from ngramspec.config import parse_settings
-from ngramspec.costs import DEFAULT_CPU_CURVE, CostCurve
-from ngramspec.files import write_atomic
-from ngramspec.replay import replay
+from ngramspec.cost.curves import DEFAULT_CPU_CURVE, CostCurve
+from ngramspec.draft.config import parse_settings
+from ngramspec.draft.replay import replay
+from ngramspec.util.files import write_atomic
 
 from .drafters import make_drafter
 from .methods import split_methods

@@ -11,8 +11,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from ngramspec.extras import require
-from ngramspec.files import write_atomic
+from ngramspec.util.extras import require
+from ngramspec.util.files import write_atomic
 
 
 def _mean(values):

@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 
 import ngramspec
 import tasks
-from ngramspec.files import RecordLog, read_jsonl, write_atomic
-from ngramspec.jobs import start_processes
+from ngramspec.app.jobs import start_processes
+from ngramspec.util.files import RecordLog, read_jsonl, write_atomic
 
 from . import report
 from .methods import ForwardCounter, generate, parse_methods

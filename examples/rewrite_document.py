@@ -9,8 +9,8 @@ the same with streaming, a progress bar, --in-place, --resume and friendly error
 import sys
 
 import ngramspec
-from ngramspec.chunking import kind_of
-from ngramspec.documents import DocumentJob
+from ngramspec.app.chunking import kind_of
+from ngramspec.app.documents import DocumentJob
 
 SAMPLE = """# Meeting notes
 

@@ -6,7 +6,7 @@
 import sys
 
 import ngramspec
-from ngramspec.documents import DocumentJob
+from ngramspec.app.documents import DocumentJob
 
 SAMPLE = (
     "The city council met on Tuesday to discuss the new bicycle lanes. Supporters said the lanes "

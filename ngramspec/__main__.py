@@ -1,5 +1,5 @@
 """`python -m ngramspec rewrite|summarize ...` (same as the `ngramspec` command)."""
 
-from .cli import main
+from .app.cli import main
 
 raise SystemExit(main())

@@ -78,7 +78,7 @@ class Hub:
 
 def _datasets():
     """The ``datasets`` package, or an ImportError naming the extra that installs it."""
-    from ngramspec.extras import require
+    from ngramspec.util.extras import require
 
     return require("datasets", "eval")
 

@@ -12,7 +12,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tasks/, eval/ at the repo root
 
-import ngramspec  # noqa: E402  (installs the generate hook)
+import ngramspec  # noqa: E402
+
+ngramspec.install()  # the tests call model.generate(ngram_speculator=...) on models built from configs
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     # Parallel workers (pytest -n): the cores are shared out, one torch pool per worker, rather
@@ -106,7 +108,7 @@ PROCESSOR_CASES = [
 def verify_mode(request, monkeypatch):
     """Both ways a step with processors or sampling decides its draft positions: one by one
     up to the first rejection (CPU), or all at once in one sync (accelerators; forced here)."""
-    from ngramspec import verify
+    from ngramspec.hf import verify
 
     if request.param == "all_at_once":
         monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: True)

@@ -25,7 +25,7 @@ Checks:
   in float32, and the float64 model's logits from a multi-token verify differ from one-token
   forwards by ~1e-15, which now and then rounds to the neighbouring float32 value;
 * seeded sampling: speculative sampling follows plain sampling's *distribution* but draws each
-  output position with its own uniform (ngramspec.verify.Uniforms), so the same seed does NOT
+  output position with its own uniform (ngramspec.hf.verify.Uniforms), so the same seed does NOT
   give plain generate()'s tokens (tests/test_sampling.py checks the distributions with
   chi-square tests). It gives exactly the tokens of the same request decoded without any draft,
   which every sampling case checks; and the output is valid: the prompt is kept, token ids are
@@ -68,8 +68,9 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from ngramspec import NgramSpeculator, verify  # importing ngramspec installs the generate hook
-from ngramspec.hf import left_pad
+from ngramspec import NgramSpeculator, install
+from ngramspec.hf import verify
+from ngramspec.hf.target import left_pad
 
 V = 40  # vocabulary of every tiny model
 SCORE_RTOL = 4 * 2.0**-23  # 4 float32 ulps (seed 7, case 6298: one ulp, 1.2e-7 on a logit near 1.5)
@@ -265,7 +266,7 @@ def draw_case(seed: int, index: int) -> dict:
     return case
 
 
-# Refused requests (ngramspec.checks) -> the extra generate() arguments that make them.
+# Refused requests (ngramspec.hf.checks) -> the extra generate() arguments that make them.
 REFUSED = {
     "beam_search": lambda: dict(num_beams=2),
     "output_attentions": lambda: dict(return_dict_in_generate=True, output_attentions=True),
@@ -344,7 +345,8 @@ def patched(all_at_once: bool, fault: bool):
 @contextlib.contextmanager
 def no_drafts():
     """Every session proposes nothing: each step is a plain one-token step."""
-    from ngramspec.speculator import Draft, SpeculationSession
+    from ngramspec.draft.proposal import Draft
+    from ngramspec.draft.session import SpeculationSession
 
     original = SpeculationSession.propose
     SpeculationSession.propose = lambda self, *a, **k: Draft(np.zeros(0, dtype=np.int32))
@@ -458,7 +460,7 @@ def _compare(case: dict, model, spec, rows: list[list[int]], torch_seed: int, fa
         return refused_problem(case, model, spec, rows, kw)
     batch = len(rows) * kw.get("num_return_sequences", 1)  # generate() expands before decoding
     if batch > 1 and not eos_ids(kw) and (kw.get("stopping_criteria") or kw.get("stop_strings")):
-        # Refused too (ngramspec.checks): with no EOS, plain generate() keeps writing tokens into
+        # Refused too (ngramspec.hf.checks): with no EOS, plain generate() keeps writing tokens into
         # the rows a stop ends, which the speculator's loop cannot reproduce.
         from ngramspec import UnsupportedGenerationError
 
@@ -575,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cases < 0 or args.first < 0:
         parser.error("--cases and --first must be >= 0")
+    install()  # model.generate(ngram_speculator=...) below
     indices = [args.case] if args.case is not None else list(range(args.first, args.first + args.cases))
     from tqdm import tqdm
 

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DECODE, VERIFY = "ngramspec/decode.py", "ngramspec/verify.py"
-# name: (file, original text, mutated text, tests that must fail)
+DECODE, VERIFY, WALK = "ngramspec/hf/decode.py", "ngramspec/hf/verify.py", "ngramspec/draft/walk.py"
+# name: (file, original text, mutated text, tests that must fail), or (file, [(original, mutated) or
+# (another file, original, mutated), ...], tests that must fail)
 MUTANTS = {
     "crop": (DECODE, "            target.crop(q - width)\n", "            target.crop(max(q - width - 1, 0))\n",
              "tests/test_decode.py"),
@@ -35,7 +36,7 @@ MUTANTS = {
     # draft token gets extra mass): the redraw in follow(), and uniforms no longer fixed per
     # position (else the redraw would repeat the same draw).
     "biased sampler": (VERIFY, [
-        ("        node = children.get((node, token), None)\n        if node is None:\n",
+        (WALK, "        node = children.get((node, token), None)\n        if node is None:\n",
          "        previous, node = node, children.get((node, token), None)\n        if node is None:\n"
          "            if any(parent == previous for parent, _ in children):  # rejected: draw again\n"
          "                emitted[-1] = choice(previous + 1, emitted[:-1])\n"),
@@ -49,17 +50,20 @@ def run(name: str) -> bool:
     """True when the mutant is caught (its tests fail)."""
     path, *change, tests = MUTANTS[name]
     replacements = change[0] if len(change) == 1 else [tuple(change)]  # one (original, mutated) or a list
-    source_file = ROOT / path
-    source = mutant = source_file.read_text()
-    for original, mutated in replacements:
-        assert mutant.count(original) == 1, f"{name}: the original text is not in {path} exactly once"
-        mutant = mutant.replace(original, mutated)
-    source_file.write_text(mutant)
+    sources: dict[Path, str] = {}  # every file changed, as it was
     try:
+        for replacement in replacements:
+            file, original, mutated = replacement if len(replacement) == 3 else (path, *replacement)
+            source_file = ROOT / file
+            mutant = source_file.read_text()
+            sources.setdefault(source_file, mutant)
+            assert mutant.count(original) == 1, f"{name}: the original text is not in {file} exactly once"
+            source_file.write_text(mutant.replace(original, mutated))
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-n", "auto", "-p", "no:cacheprovider",
                                tests], cwd=ROOT, capture_output=True, text=True)
     finally:
-        source_file.write_text(source)
+        for source_file, source in sources.items():
+            source_file.write_text(source)
     summary = [line for line in done.stdout.splitlines() if " passed" in line or " failed" in line]
     print(f"{name}: {'caught' if done.returncode else 'SURVIVED'} ({summary[-1] if summary else 'no summary'})")
     for line in done.stdout.splitlines():

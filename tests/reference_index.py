@@ -1,6 +1,6 @@
 """Slow, obviously-correct reference of ngramspec's Numba n-gram index (test-only).
 
-Every kernel in ``ngramspec/index.py`` answers through :class:`~ngramspec.index.NgramIndex`;
+Every kernel in ``ngramspec/draft/index.py`` answers through :class:`~ngramspec.draft.index.NgramIndex`;
 this twin answers the same questions with a dict from n-gram tuples to their first and last
 end positions, and ``test_index.py`` pins the two together with Hypothesis.
 """
@@ -11,7 +11,7 @@ import numpy as np
 
 
 class ReferenceNgramIndex:
-    """Same API as :class:`ngramspec.index.NgramIndex` (append, longest_match, find, matches)."""
+    """Same API as :class:`ngramspec.draft.index.NgramIndex` (append, longest_match, find, matches)."""
 
     def __init__(self, min_n: int, max_n: int, prefer_recent: bool = True):
         self.min_n, self.max_n, self.prefer_recent = min_n, max_n, prefer_recent

@@ -1,4 +1,4 @@
-"""The per-position acceptance estimate (ngramspec.acceptance): its kernels pinned to their
+"""The per-position acceptance estimate (ngramspec.draft.acceptance): its kernels pinned to their
 plain-Python references, its worked example, and what it must learn."""
 
 import numpy as np
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ngramspec import NgramSpeculator
-from ngramspec.acceptance import (
+from ngramspec.draft.acceptance import (
     BUCKETS,
     CONTESTED,
     HISTORY,
@@ -17,15 +17,18 @@ from ngramspec.acceptance import (
     REJECTED,
     SOURCES,
     bucket,
-    bucket_reference,
     fade,
-    fade_reference,
     learn,
-    learn_reference,
     match_length,
-    match_length_reference,
     new_evidence,
     position_acceptance,
+)
+
+from reference_acceptance import (
+    bucket_reference,
+    fade_reference,
+    learn_reference,
+    match_length_reference,
     position_acceptance_reference,
 )
 

@@ -10,9 +10,10 @@ import torch
 from transformers import ClassifierFreeGuidanceLogitsProcessor, LogitsProcessor, LogitsProcessorList
 
 from ngramspec import NgramSpeculator, UnsupportedGenerationError
-from ngramspec.decode import _maybe_compact
-from ngramspec.hf import left_pad
-from ngramspec.speculator import Draft, batch_draft_length
+from ngramspec.draft.proposal import Draft
+from ngramspec.draft.tuning import batch_draft_length
+from ngramspec.hf.decode import _maybe_compact
+from ngramspec.hf.target import left_pad
 
 from conftest import PROCESSOR_CASES, plain_generate
 from test_exact_tiny import _tiny
@@ -66,7 +67,7 @@ def test_rows_accept_different_amounts_and_long_runs_compact(tiny_model):
     ids, mask = left_pad(rows, PAD)
     spec = NgramSpeculator(min_n=1, verify_cost=((1, 1.0), (512, 1.0)))
     compactions = []
-    import ngramspec.decode as batch_module
+    import ngramspec.hf.decode as batch_module
 
     original = batch_module._maybe_compact
 

@@ -3,7 +3,7 @@ the document's own whitespace."""
 
 import pytest
 
-from ngramspec.chunking import Chunk, join_chunks, kind_of, split_document
+from ngramspec.app.chunking import Chunk, join_chunks, kind_of, split_document
 
 DOCUMENT = """# Notes on the release
 

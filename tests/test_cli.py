@@ -20,9 +20,9 @@ import pytest
 import torch
 from rapidfuzz import fuzz
 
-from ngramspec.chunking import join_chunks, split_document
-from ngramspec.documents import DocumentJob, clean_output
-from ngramspec.files import read_jsonl
+from ngramspec.app.chunking import join_chunks, split_document
+from ngramspec.app.documents import DocumentJob, clean_output
+from ngramspec.util.files import read_jsonl
 
 from conftest import call_main
 from test_chunking import DOCUMENT  # a Markdown document with every structure chunking keeps
@@ -43,7 +43,7 @@ def cache_env(tmp_path):
 
 def run_main(args, monkeypatch, capsys, cache_env, stdin: bytes = b"") -> tuple[int, str, str]:
     """``ngramspec ARGS`` in this process: (exit code, stdout, stderr)."""
-    from ngramspec import cli as cli_module
+    from ngramspec.app import cli as cli_module
 
     monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
@@ -152,8 +152,8 @@ def test_error_paths_exit_2_with_a_message(tmp_path, cache_env, args, content, m
 
 
 def test_options_default_to_the_document_job_settings():
-    from ngramspec.cli import build_parser
-    from ngramspec.documents import CHUNK_TOKENS, SUMMARIZE_INSTRUCTION
+    from ngramspec.app.cli import build_parser
+    from ngramspec.app.documents import CHUNK_TOKENS, SUMMARIZE_INSTRUCTION
 
     args = build_parser().parse_args(["summarize", "notes.txt"])
     assert (args.instruction, args.chunk_tokens) == (SUMMARIZE_INSTRUCTION, CHUNK_TOKENS)
@@ -227,7 +227,7 @@ def test_many_documents_sharded_over_two_processes_equal_one_process(tiny_model_
                                                                      capsys):
     """`accelerate launch` with 2 CPU processes splits the documents and merges the stats; every
     output equals what one process writes for the same inputs."""
-    from ngramspec.cli import shard_by_size
+    from ngramspec.app.cli import shard_by_size
 
     assert shard_by_size([5, 1, 4, 3], 2) == [[0, 1], [2, 3]]  # largest first, to the least loaded
     assert shard_by_size([2, 2], 3) == [[0], [1], []]
@@ -258,16 +258,17 @@ def test_many_documents_sharded_over_two_processes_equal_one_process(tiny_model_
 def test_many_documents_in_place_resume_skips_finished_ones(tiny_model_dir, tmp_path, cache_env, monkeypatch, capsys):
     """--in-place over several files, interrupted after every file was written but before the run
     ended: --resume must not rewrite an already rewritten file a second time."""
-    from ngramspec import cli as cli_module
+    from ngramspec.app import cli as cli_module
+    from ngramspec.app.process import ResumeState
 
     inputs = _write_documents(tmp_path / "docs")
     monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
     args = ["rewrite", *inputs, "--instruction", "Fix.", "--in-place", "--model", str(tiny_model_dir),
             "--max-new-tokens", "8", "--chunk-tokens", "32", "--quiet", "--stats", "--keep-drifted", "0"]
-    clear = cli_module.ResumeState.clear
-    monkeypatch.setattr(cli_module.ResumeState, "clear", lambda self: None)  # as if killed at the very end
+    clear = ResumeState.clear
+    monkeypatch.setattr(ResumeState, "clear", lambda self: None)  # as if killed at the very end
     assert cli_module.main(args) == 0
-    monkeypatch.setattr(cli_module.ResumeState, "clear", clear)
+    monkeypatch.setattr(ResumeState, "clear", clear)
     first = {name: (tmp_path / "docs" / name).read_text() for name in DOCUMENTS}
     assert all((tmp_path / "docs" / (name + ".bak")).read_text() == DOCUMENTS[name] for name in DOCUMENTS)
     capsys.readouterr()
@@ -284,7 +285,7 @@ def fake_replies(monkeypatch, cache_env):
     """main() in-process on the tiny model, whose every chunk's reply is ``replies.reply(body)``
     (upper case unless a test sets another): exact outputs without a trained model. The bodies
     the model was shown are in ``replies.seen``."""
-    from ngramspec.documents import DocumentJob
+    from ngramspec.app.documents import DocumentJob
 
     replies = SimpleNamespace(reply=str.upper, seen=[])
 
@@ -299,7 +300,7 @@ def fake_replies(monkeypatch, cache_env):
 
 
 def _main(args):
-    from ngramspec import cli as cli_module
+    from ngramspec.app import cli as cli_module
 
     return cli_module.main(args)
 
@@ -380,7 +381,7 @@ def test_a_failed_write_exits_1_and_leaves_files_whole(tiny_model_dir, tmp_path,
 
     out = tmp_path / "out.txt"
     out.write_text("earlier output\n")
-    from ngramspec import files
+    from ngramspec.util import files
 
     def full(*args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -443,7 +444,7 @@ def test_drifted_chunks_are_kept_by_default_and_said_so_even_when_quiet(tiny_mod
 
 def test_a_summary_that_loops_is_refused_and_nothing_is_written(tiny_model_dir, tmp_path, cache_env, monkeypatch,
                                                                 capsys):
-    from ngramspec.documents import DocumentJob
+    from ngramspec.app.documents import DocumentJob
 
     def looping(self, ids, max_new_tokens, source=None):
         self.last_stop = "loop"
@@ -532,8 +533,8 @@ def test_every_speculator_setting_is_an_explained_option_parsed_like_the_config(
     and each option is parsed by the config's own parser: a cost curve, "auto", a bad value."""
     import dataclasses
 
-    from ngramspec.cli import _speculator_config, build_parser
-    from ngramspec.config import SpeculatorConfig
+    from ngramspec.app.cli import _speculator_config, build_parser
+    from ngramspec.draft.config import SpeculatorConfig
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices["rewrite"]

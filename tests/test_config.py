@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from ngramspec import NgramSpeculator, SpeculatorConfig
-from ngramspec.config import parse_settings
+from ngramspec.draft.config import parse_settings
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ngramspec import NgramSpeculator
-from ngramspec.costmodel import ForwardTimer, OnlineCost, line_scale, line_scale_reference
-from ngramspec.costs import CostCurve, CostPrior
-from ngramspec.decode import Options, StopRule, speculative_decode
+from ngramspec.cost.costmodel import OnlineCost
+from ngramspec.cost.curves import CostCurve, CostPrior
+from ngramspec.cost.fit import line_scale
+from ngramspec.cost.timer import ForwardTimer
+from ngramspec.hf.decode import Options, StopRule, speculative_decode
 
+from reference_fit import line_scale_reference
 from test_decode import FakeTarget, plain
 
 LOW = CostCurve(((1, 1.0), (16, 2.0)))

@@ -3,10 +3,10 @@ model/device/dtype, cached, and re-measured when stale."""
 
 import pytest
 
-import ngramspec.costs as costs
+import ngramspec.cost.curves as costs
 from ngramspec import NgramSpeculator, SpeculatorConfig
-from ngramspec.config import CPU_VERIFY_COST
-from ngramspec.replay import ForwardCost, replay
+from ngramspec.draft.config import CPU_VERIFY_COST
+from ngramspec.draft.replay import ForwardCost, replay
 
 from conftest import tiny_llama
 

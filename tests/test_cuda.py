@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ngramspec import NgramSpeculator
-from ngramspec.hf import left_pad
+from ngramspec.hf.target import left_pad
 
 from conftest import PROCESSOR_CASES, plain_generate, tiny_llama
 from test_batch import PAD, repetitive_rows

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ngramspec import NgramSpeculator
-from ngramspec.decode import Options, StopRule, _maybe_compact, speculative_decode
+from ngramspec.hf.decode import Options, StopRule, _maybe_compact, speculative_decode
 
 V = 16
 EOS = 1

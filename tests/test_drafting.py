@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ngramspec import NgramSpeculator
-from ngramspec.verify import accepted_length
+from ngramspec.draft.walk import accepted_length
 
 from conftest import plain_generate
 
@@ -125,7 +125,7 @@ def test_trees_are_sized_by_the_measured_costs(per_token, branches):
 def test_tree_drafts_are_exact_and_used(tiny_model, seed):
     """Greedy with token trees (several candidate continuations per pass) equals plain greedy;
     some steps accept a path that is not a prefix of the verified block (KV compaction)."""
-    from ngramspec.hf import HFTarget
+    from ngramspec.hf.target import HFTarget
 
     paths = []
     original = HFTarget.gather
@@ -247,7 +247,7 @@ def test_edits_recur_through_a_renamed_text():
     """A text whose output renames one 2-token name to a 1-token one throughout (the edit
     recurs 40 times): with edit recurrence drafts carry the new name, and greedy decoding
     needs under half the verify passes (replay counts them exactly)."""
-    from ngramspec.replay import replay
+    from ngramspec.draft.replay import replay
 
     rng = np.random.default_rng(0)
     old, new = [7, 9], [8]

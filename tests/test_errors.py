@@ -91,4 +91,4 @@ def test_non_causal_model_is_rejected():
     bert = BertModel(BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                 intermediate_size=32))
     with pytest.raises(UnsupportedGenerationError, match="decoder-only causal LM"):
-        ngramspec.checks.check_request(bert, IDS)
+        ngramspec.hf.checks.check_request(bert, IDS)

@@ -14,8 +14,8 @@ from eval import report
 from eval.drafters import HFPromptLookupSession, VLLMNgramSession, make_drafter
 from eval.methods import split_methods
 from eval.replay import replay_all
-from ngramspec.costs import STEEP_CPU_CURVE
-from ngramspec.replay import ForwardCost
+from ngramspec.cost.curves import STEEP_CPU_CURVE
+from ngramspec.draft.replay import ForwardCost
 
 from conftest import call_main
 
@@ -64,7 +64,7 @@ def test_replay_counts_forwards_by_hand():
 
 def hf_rule_by_hand(traces, cost_points, eos=2, max_ngram=2, num_tokens=10):
     """(MAT, speed-up) of transformers' prompt lookup over greedy traces, written out plainly
-    and independently of eval/drafters.py and ngramspec/replay.py: draft what followed the
+    and independently of eval/drafters.py and ngramspec/draft/replay.py: draft what followed the
     left-most earlier occurrence of the last 2 tokens (else the last 1), at most 10 tokens and
     at most (tokens still to come - 1), cut at the first EOS; the target keeps the draft's
     prefix that equals the trace and emits one token more; a forward over q tokens costs
@@ -248,8 +248,8 @@ def test_oracle_bounds_every_drafter_on_real_traces():
     from eval.drafters import make_drafter
     from eval.oracle import copy_lengths, oracle_replay, truth_sized_replay
     from eval.replay import load_traces
-    from ngramspec.costs import DEFAULT_CPU_CURVE as cost
-    from ngramspec.replay import replay
+    from ngramspec.cost.curves import DEFAULT_CPU_CURVE as cost
+    from ngramspec.draft.replay import replay
 
     assert copy_lengths([1, 2, 3, 4], [2, 3, 9], 16).tolist() == [0, 1, 0]
     assert oracle_replay([1, 2, 3, 4], [2, 3, 9], cost) == (3, 2, 1.0 + cost(2))

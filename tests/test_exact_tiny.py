@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from ngramspec import NgramSpeculator
-from ngramspec.speculator import Draft, SpeculationSession
+from ngramspec.draft.proposal import Draft
+from ngramspec.draft.session import SpeculationSession
 
 from conftest import plain_generate, tiny_llama
 

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from ngramspec.extras import require
+from ngramspec.util.extras import require
 
 
 def test_an_installed_module_is_returned():

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from ngramspec import files
+from ngramspec.util import files
 
 
 def test_write_atomic_replaces_all_or_nothing(tmp_path, monkeypatch):

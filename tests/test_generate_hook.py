@@ -1,6 +1,10 @@
 """The transformers glue: generate() unchanged without the speculator, equal with it, on every
 entry path (patched generate, custom_generate hook, from_pretrained models) and option."""
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationMixin, StoppingCriteria, StoppingCriteriaList
@@ -45,6 +49,67 @@ def test_install_is_idempotent_and_reversible(tiny_model):
     finally:
         ngramspec.install()
     assert hasattr(GenerationMixin.generate, "_ngramspec_original")
+
+
+# Run in a fresh interpreter: the tests' own process has installed the hook (conftest.py).
+IMPORT_PATCHES_NOTHING = textwrap.dedent("""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from transformers import GenerationMixin
+
+    original = GenerationMixin.generate
+    import ngramspec
+    assert GenerationMixin.generate is original, "import ngramspec patched generate"
+    import ngramspec.vllm
+    import ngramspec.vllm.proposer
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                             model_config=SimpleNamespace(max_model_len=256),
+                             scheduler_config=SimpleNamespace(max_num_seqs=2))
+    proposer = ngramspec.vllm.Proposer(config)  # what a vLLM worker builds and drives
+    tokens = np.tile(np.arange(8, dtype=np.int32), 8)[None, :]
+    proposer.propose([[1]], np.array([40]), tokens)
+    assert GenerationMixin.generate is original, "the vLLM drafter patched generate"
+    ngramspec.install()
+    wrapped = GenerationMixin.generate
+    assert wrapped is not original and wrapped._ngramspec_original is original
+    ngramspec.install()
+    assert GenerationMixin.generate is wrapped, "install() is not idempotent"
+    ngramspec.uninstall()
+    assert GenerationMixin.generate is original
+    print("ok")
+""")
+
+
+@pytest.mark.slow
+def test_importing_ngramspec_or_its_vllm_drafter_patches_nothing():
+    """No patching on import: ``import ngramspec`` and the vLLM drafter (imported, built and
+    driven as a vLLM worker does) leave transformers' generate alone; ``install()`` wraps it
+    once and ``uninstall()`` restores it."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_PATCHES_NOTHING], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_document_job_installs_the_hook(tiny_model):
+    from ngramspec.app.documents import DocumentJob
+
+    ngramspec.uninstall()
+    try:
+        DocumentJob(tiny_model, None, NgramSpeculator())
+        assert hasattr(GenerationMixin.generate, "_ngramspec_original")
+    finally:
+        ngramspec.install()
+
+
+def test_load_model_installs_the_hook(tiny_model_dir):
+    ngramspec.uninstall()
+    try:
+        model, _ = ngramspec.load_model(str(tiny_model_dir), device="cpu")
+        assert hasattr(GenerationMixin.generate, "_ngramspec_original")
+        assert model.generate(IDS, max_new_tokens=4, ngram_speculator=NgramSpeculator()).shape == (1, 13)
+    finally:
+        ngramspec.install()
 
 
 def test_custom_generate_hook(tiny_model):
@@ -150,8 +215,8 @@ class DeviceLogits(torch.Tensor):
 def test_the_accelerator_path_reads_the_device_once_per_forward(tiny_model, monkeypatch, kwargs):
     """With every position decided at once (the accelerator way, forced here on CPU), a step
     reads its forward's results on the host once: greedy, sampling with warpers, processors."""
-    from ngramspec import verify
-    from ngramspec.hf import HFTarget
+    from ngramspec.hf import verify
+    from ngramspec.hf.target import HFTarget
 
     monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: True)
     original, forwards = HFTarget.forward, []

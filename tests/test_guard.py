@@ -1,4 +1,4 @@
-"""The drift guard and the loop stop (ngramspec/guard.py): the rules, pinned to references, and
+"""The drift guard and the loop stop (ngramspec/app/guard.py): the rules, pinned to references, and
 what a document job does with them on a tiny random model (whose output is garbage)."""
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ngramspec.documents import DegenerateOutput, DocumentJob
-from ngramspec.guard import (
+from ngramspec.app.documents import DegenerateOutput, DocumentJob
+from ngramspec.app.guard import (
     MAX_PERIOD,
     MIN_LOOP_TOKENS,
     LoopStop,

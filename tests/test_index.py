@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ngramspec.index import NgramIndex
+from ngramspec.draft.index import NgramIndex
 
 from reference_index import ReferenceNgramIndex
 
@@ -87,7 +87,7 @@ def test_memory_per_token_is_bounded(grown):
 
 
 def test_positions_past_the_limit_are_refused(monkeypatch):
-    from ngramspec import index as index_module
+    from ngramspec.draft import index as index_module
 
     monkeypatch.setattr(index_module, "MAX_POSITIONS", 40)
     index = NgramIndex(1, 3)

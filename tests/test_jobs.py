@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from ngramspec.jobs import start_processes
+from ngramspec.app.jobs import start_processes
 
 
 @pytest.fixture()

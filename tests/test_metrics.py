@@ -3,7 +3,7 @@
 import dataclasses
 import json
 
-from ngramspec.metrics import DecodeStats
+from ngramspec.draft.metrics import DecodeStats
 
 
 def test_as_dict_holds_every_counter_and_the_rounded_rates():

@@ -20,7 +20,7 @@ import torch
 
 import tasks
 from ngramspec import NgramSpeculator, load_model
-from ngramspec.costs import DEFAULT_CPU_CURVE
+from ngramspec.cost.curves import DEFAULT_CPU_CURVE
 
 from conftest import plain_generate
 
@@ -229,7 +229,7 @@ def test_token_trees_equal_plain_greedy(default_model, monkeypatch, names):
     the cache compacted to the accepted path) on 6 shared items x 64 tokens, in two groups
     that each accept a path off the first branch: identical to plain greedy (certified or
     compared, as above)."""
-    from ngramspec.hf import HFTarget
+    from ngramspec.hf.target import HFTarget
 
     model, tokenizer = default_model
     spec = NgramSpeculator(tree_branches=3, verify_cost=((1, 1.0), (32, 1.0)))

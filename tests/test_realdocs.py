@@ -57,7 +57,7 @@ def test_real_documents_come_back_no_worse_than_they_went_in():
     """Two documents of this machine (a doc and a standard-library module), default model and
     settings: every chunk either keeps its structure, parse status and length, or is kept."""
     from ngramspec import NgramSpeculator, load_model
-    from ngramspec.documents import DocumentJob
+    from ngramspec.app.documents import DocumentJob
 
     docs = find_documents(seed=0, chars=1200, groups={"docs": 1, "stdlib": 1})
     if len(docs) < 2:

@@ -141,7 +141,7 @@ def test_speculative_sampling_matches_the_exact_distribution(model, setting):
 def test_all_positions_at_once_samples_the_exact_distribution(model, setting, monkeypatch):
     """The accelerator way (every draft position sampled at once, one sync), forced on CPU,
     passes the same goodness-of-fit test; the forced path really decided the drafted steps."""
-    from ngramspec import verify
+    from ngramspec.hf import verify
 
     forced = []
     monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: forced.append(1) or True)
@@ -301,7 +301,7 @@ def test_what_is_drafted_never_changes_a_seeded_sample(model, batched, monkeypat
     drafting setting (none accepted, short chains, long chains, trees, every position at once)
     emits the same tokens. A sampler that drew from a shared stream per step would differ
     here as soon as two settings accept different numbers of tokens in some step."""
-    from ngramspec import verify
+    from ngramspec.hf import verify
 
     ids = torch.cat([PROMPT, PROMPT]) if batched else PROMPT
     extra = dict(num_return_sequences=3) if batched else {}

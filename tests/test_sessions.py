@@ -1,4 +1,4 @@
-"""The batched drafting kernel (ngramspec/sessions.py) must draft exactly what one
+"""The batched drafting kernel (ngramspec/draft/sessions.py) must draft exactly what one
 SpeculationSession per row drafts (its pure-Python reference): same tokens, same acceptance
 estimate, same copy cursor, step after step, for several rows in one call, with the shared
 history, fuzzy re-alignment and every match policy."""
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ngramspec import NgramSpeculator
-from ngramspec.sessions import ACTIVE, CURSOR, LOST_AT, LOST_SOURCE, VERIFIED, SessionTable
+from ngramspec.draft.sessions import ACTIVE, CURSOR, LOST_AT, LOST_SOURCE, VERIFIED, SessionTable
 
 
 def run_both(config, prompts, steps, verified_draws, limits_draws, history_outputs=()):

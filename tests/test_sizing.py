@@ -1,4 +1,4 @@
-"""The one sizing rule (ngramspec.sizing): its worked example, its limits, optimality against
+"""The one sizing rule (ngramspec.draft.sizing): its worked example, its limits, optimality against
 brute force, and the compiled kernel pinned to its plain-Python reference."""
 
 import itertools
@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ngramspec.sizing import _by_gain, candidates_reference, draft_lengths, draft_lengths_reference
+from ngramspec.draft.sizing import _by_gain, draft_lengths
+
+from reference_sizing import candidates_reference, draft_lengths_reference
 
 
 def constant(rates, width):

@@ -3,7 +3,7 @@
 import pytest
 
 from ngramspec import Draft, NgramSpeculator
-from ngramspec.replay import ForwardCost, replay
+from ngramspec.draft.replay import ForwardCost, replay
 
 
 def test_propose_copies_the_continuation():

@@ -22,8 +22,9 @@ import pytest
 import torch
 
 import ngramspec
-from ngramspec import NgramSpeculator, verify
-from ngramspec.hf import left_pad
+from ngramspec import NgramSpeculator
+from ngramspec.hf import verify
+from ngramspec.hf.target import left_pad
 
 from conftest import plain_generate
 from test_batch import PAD, repetitive_rows
@@ -216,7 +217,8 @@ class EmulatedCudaEvents:
 def test_online_cost_model_times_every_forward_without_a_wait(tiny_model, monkeypatch, accelerator_path, clock):
     """Every timed forward (all but the prefill) reaches the cost model, and timing adds no wait:
     each forward is followed by one wait, as with a fixed cost curve (no timer)."""
-    from ngramspec import costmodel, hook
+    from ngramspec.cost import timer
+    from ngramspec.hf import hook
 
     ids = random_prompt(np.random.default_rng(9), tiny_model.config.vocab_size, 40)
     common = dict(input_ids=ids, max_new_tokens=80, eos_token_id=None)
@@ -225,7 +227,7 @@ def test_online_cost_model_times_every_forward_without_a_wait(tiny_model, monkey
                                  **common)
     if clock != "cpu clock":
         monkeypatch.setattr(torch.cuda, "Event", EmulatedCudaEvents(waits))
-        monkeypatch.setattr(hook, "ForwardTimer", lambda cost, _: costmodel.ForwardTimer(cost, torch.device("cuda")))
+        monkeypatch.setattr(hook, "ForwardTimer", lambda cost, _: timer.ForwardTimer(cost, torch.device("cuda")))
     spec = NgramSpeculator(min_n=1)  # verify_cost=None: the online cost model
     online, spec = waits_per_forward(tiny_model, waits, ngram_speculator=spec, **common)
     assert spec.last_stats.target_forwards == len(online) > 10

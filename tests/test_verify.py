@@ -7,8 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ngramspec import verify
-from ngramspec.verify import Verdict, accepted_length, follow, tree_layout, verify_step
+from ngramspec.draft.walk import accepted_length, follow
+from ngramspec.hf import verify
+from ngramspec.hf.verify import Verdict, tree_layout, verify_step
 
 V = 10
 

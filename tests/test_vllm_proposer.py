@@ -15,21 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import types
 
-from ngramspec.costmodel import line_scale
-from ngramspec.costs import CostPrior
-from ngramspec.sessions import ACTIVE, LENGTH
-from ngramspec.vllm import (
-    PROBES,
-    VLLM_CPU_PRIOR,
-    Proposer,
-    RowSessions,
-    check_rows,
-    find_slot,
-    find_slot_reference,
-    propose_rows,
-    spot_check,
-    spot_check_reference,
-)
+from ngramspec.cost.curves import CostPrior
+from ngramspec.cost.fit import line_scale
+from ngramspec.draft.sessions import ACTIVE, LENGTH
+from ngramspec.vllm import VLLM_CPU_PRIOR, Proposer
+from ngramspec.vllm.kernels import propose_rows
+from ngramspec.vllm.rows import PROBES, RowSessions, check_rows, find_slot, spot_check
+
+from reference_rows import find_slot_reference, spot_check_reference
 
 MAX_LEN = 4096
 
@@ -534,7 +527,7 @@ def test_the_proposer_writes_what_it_learned_where_asked(monkeypatch, tmp_path):
     only view of its learned step cost from outside vLLM's worker process."""
     import json
 
-    import ngramspec.vllm as vllm_module
+    import ngramspec.vllm.proposer as vllm_module
 
     path = tmp_path / "stats.json"
     monkeypatch.setenv(vllm_module.STATS_FILE_ENV, str(path))

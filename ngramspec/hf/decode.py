@@ -1,7 +1,7 @@
 """The speculative decode loop, independent of transformers: propose, one forward, verify,
 accept and crop the cache, record stats. One prompt is a batch of one.
 
-The loop sees the target model through a :class:`Target` (``hf.py`` implements it).
+The loop sees the target model through a :class:`Target` (``target.py`` implements it).
 
 Cache layout. Rows share one cache of C columns, but each accepts its own number of draft
 tokens per step. So a row's rejected draft tokens stay in the cache as *holes*, masked out
@@ -25,10 +25,10 @@ from typing import Protocol
 
 import torch
 
+from ..cost.timer import ForwardTimer
+from ..draft.metrics import DecodeStats
+from ..draft.tuning import batch_draft_length
 from . import verify
-from .costmodel import ForwardTimer
-from .metrics import DecodeStats
-from .speculator import batch_draft_length
 from .transfer import to_device
 
 
@@ -169,7 +169,7 @@ def speculative_decode(prompt, prompt_mask, prompt_positions, sessions: list, ta
     """Decode the left-padded batch ``prompt`` (B, P) (``prompt_mask`` (B, P), None when there
     is no padding; ``prompt_positions`` (B, P)), row b drafting from ``sessions[b]``. Greedy:
     each row gets exactly the tokens plain decoding of the batch gives it. Sampling: each row's
-    tokens are a draw from exactly plain sampling's distribution (see :mod:`ngramspec.verify`).
+    tokens are a draw from exactly plain sampling's distribution (see :mod:`ngramspec.hf.verify`).
     """
     wall_start = time.perf_counter()
     batch = prompt.shape[0]
@@ -288,7 +288,7 @@ class _CacheLayout:
 def _propose(rows: _Rows, options: Options) -> tuple[list[list[int]], list | None]:
     """Each active row's draft, and the tree parents (None: chains). A row alone sizes its own
     draft; a batch pays for its longest draft in every row, so one length is chosen for all
-    (:func:`~ngramspec.speculator.batch_draft_length`) and drafts are cut to it."""
+    (:func:`~ngramspec.draft.tuning.batch_draft_length`) and drafts are cut to it."""
     t0 = time.perf_counter()
     budgets = [options.stop.max_length - rows.length(b) - 1 for b in rows.active]  # room left, less the target's
     if len(rows.active) == 1:

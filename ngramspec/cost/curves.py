@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .files import write_atomic
+from ..util.files import write_atomic
 
 QS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -92,7 +92,7 @@ class CostPrior:
     """What one forward (or one vLLM engine step) costs before any is timed, from curves
     measured at a few row counts and context lengths: ``curves = ((rows, context, ((tokens,
     cost), ...)), ...)``, tokens counting every row's new tokens together, costs relative to a
-    one-token forward of one row. :class:`~ngramspec.costmodel.OnlineCost` refines it with the
+    one-token forward of one row. :class:`~ngramspec.cost.costmodel.OnlineCost` refines it with the
     forwards it times; it is the one description of cost every engine reads.
 
         prior = CostPrior(((1, 400, ((1, 1.0), (16, 2.0))), (1, 4000, ((1, 1.0), (16, 4.0)))))
@@ -275,7 +275,7 @@ def cost_key(model) -> dict:
 def cached_cost_curve(model, max_age_days: float = 30.0, refresh: bool = False) -> tuple:
     """``((q, cost), ...)`` for ``SpeculatorConfig.verify_cost``: from the cache when fresh,
     else measured now and cached."""
-    from .models import cache_dir
+    from ..util.files import cache_dir
 
     key = cost_key(model)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]

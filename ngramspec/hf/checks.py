@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .speculator import NgramSpeculator
+from ..draft.speculator import NgramSpeculator
 
 # model_kwargs that generate() prepares for every causal LM; anything else (images, embeddings,
 # encoder outputs, ...) is a modality or mode the speculative loop does not handle.

@@ -31,50 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..draft.walk import follow
 from .transfer import to_device
-
-
-def follow(draft, parents, choice: Callable[[int, list[int]], int | None]) -> tuple[list[int], list[int]]:
-    """Walk the draft along the target's choices (the rule above).
-
-    draft: k token ids; parents: None for a chain, else k parent indices (-1 = the last token).
-    choice(row, emitted) -> the target's token at block row ``row``, given the tokens this
-    step emitted so far (their number is the row's depth); None when unknown (a recorded
-    continuation ran out), which ends the walk without emitting.
-    Returns (emitted tokens, path of kept draft indices).
-    """
-    if parents is None:
-        children = {(i - 1, int(token)): i for i, token in enumerate(draft)}
-    else:
-        children = {(int(parent), int(token)): i for i, (parent, token) in enumerate(zip(parents, draft))}
-    emitted: list[int] = []
-    path: list[int] = []
-    node = -1  # -1: the last token (block row 0); draft index i sits at block row i + 1
-    while True:
-        token = choice(node + 1, emitted)
-        if token is None:
-            return emitted, path
-        emitted.append(token)
-        node = children.get((node, token), None)
-        if node is None:
-            return emitted, path
-        path.append(node)
-
-
-def accepted_length(draft, parents, continuation) -> int:
-    """Draft tokens kept when the target continues with ``continuation`` (a recorded greedy
-    output, or the tokens a step emitted): the deepest path whose tokens equal it."""
-    n = len(continuation)
-    if parents is None:  # a chain: the common prefix (the walk below, without its per-step dict)
-        kept = 0
-        while kept < len(draft) and kept < n and draft[kept] == continuation[kept]:
-            kept += 1
-        return kept
-
-    def recorded(row: int, emitted: list[int]) -> int | None:
-        return int(continuation[len(emitted)]) if len(emitted) < n else None
-
-    return len(follow(draft, parents, recorded)[1])
 
 
 def tree_layout(parents) -> tuple[list[int], list[list[bool]]]:

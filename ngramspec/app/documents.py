@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import StoppingCriteriaList
 
+from ..draft.metrics import DecodeStats
+from ..hf.hook import install
 from .chunking import Chunk, join_chunks, split_document
 from .guard import MAX_GROWTH, SIMILARITY_FLOOR, LoopStop, drift_reason, length_bound, similarity
-from .metrics import DecodeStats
 
 # Defaults of a DocumentJob, which the CLI's options read from here.
 SUMMARIZE_INSTRUCTION = "Summarize the following text in a few sentences."
@@ -104,7 +105,8 @@ class JobStats:
 
 class DocumentJob:
     """Generation settings shared by every chunk of a document. ``similarity_floor`` and
-    ``max_growth`` set the drift guard (``guard.drift_reason``; a floor of 0 turns it off)."""
+    ``max_growth`` set the drift guard (``guard.drift_reason``; a floor of 0 turns it off).
+    Installs the ``generate()`` hook it decodes through (:func:`ngramspec.install`)."""
 
     def __init__(self, model, tokenizer, speculator=None, max_new_tokens: int | None = None,
                  chunk_tokens: int = CHUNK_TOKENS, sample: bool = False, temperature: float = 1.0,
@@ -119,6 +121,7 @@ class DocumentJob:
         self.chunk_tokens = max(MIN_CHUNK_TOKENS, min(chunk_tokens, (limit - 256) // 3))
         self.context_limit = limit
         self.stats = JobStats()
+        install()
         self.last_stop = ""  # why the last generate() stopped early: "loop", "length" or ""
 
     # -- pieces -------------------------------------------------------------------------------

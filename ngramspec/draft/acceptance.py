@@ -43,7 +43,8 @@ bucket 1 (match 1) holds 1 accepted, 3 rejected -> (1 + 2 x 0.5) / (4 + 2) = 0.3
 4-7) is empty -> max(0.73, 4/5) = 0.8; bucket 4 (8-15) -> max(0.8, 8/9) = 0.89. A draft after a
 1-token match is estimated (0.33, 0.73, 0.73, 0.8, 0.8, 0.8, 0.8, 0.89, ...).
 
-Each kernel has a plain-Python reference below it; ``tests/test_acceptance.py`` pins them.
+Each kernel has a plain-Python reference in ``tests/reference_acceptance.py``; ``tests/test_acceptance.py``
+pins them.
 """
 
 from __future__ import annotations
@@ -71,10 +72,6 @@ def bucket(match):
     return b
 
 
-def bucket_reference(match: int) -> int:
-    return min(int(match).bit_length(), BUCKETS - 1)
-
-
 @njit(cache=True)
 def match_length(stream, length, start):
     """How many tokens before ``stream[start]`` equal the last tokens of ``stream[:length]``
@@ -83,13 +80,6 @@ def match_length(stream, length, start):
     while m < MATCH_CAP and m < start and stream[start - 1 - m] == stream[length - 1 - m]:
         m += 1
     return m
-
-
-def match_length_reference(stream: np.ndarray, length: int, start: int) -> int:
-    before = stream[max(0, start - MATCH_CAP) : start][::-1]  # nearest first
-    last = stream[length - before.shape[0] : length][::-1]
-    differ = np.flatnonzero(before != last)
-    return int(differ[0]) if differ.size else int(before.shape[0])
 
 
 @njit(cache=True)
@@ -113,23 +103,6 @@ def position_acceptance(own, pool, prior, source, match, out):
             j += 1
 
 
-def position_acceptance_reference(own, pool, prior: float, source: int, match: int, k: int) -> list[float]:
-    def mean(b):  # the pool's prior for bucket b (module doc)
-        shortest = 0 if b == 0 else 2 ** (b - 1)
-        return max(prior if b == 0 else pooled(b - 1), prior, shortest / (shortest + 1))
-
-    def pooled(b):  # the pool's estimate
-        c = source * BUCKETS + b
-        return (pool[0][c] + POOL_PRIOR_WEIGHT * mean(b)) / (pool[0][c] + pool[1][c] + POOL_PRIOR_WEIGHT)
-
-    def estimate(b):
-        c = source * BUCKETS + b
-        borrowed = (1 - own[2][c]) * pooled(b) + own[2][c] * mean(b)
-        return (own[0][c] + REQUEST_WEIGHT * borrowed) / (own[0][c] + own[1][c] + REQUEST_WEIGHT)
-
-    return [estimate(bucket_reference(match + j)) for j in range(k)]
-
-
 @njit(cache=True)
 def learn(own, pool, source, match, kept, verified):
     """A draft from ``source`` continuing a ``match``-token match had ``verified`` positions
@@ -147,22 +120,6 @@ def learn(own, pool, source, match, kept, verified):
             pool[1, b] *= 0.5
 
 
-def learn_reference(own, pool, source: int, match: int, kept: int, verified: int) -> None:
-    for j in range(kept):
-        _count(own, pool, source * BUCKETS + bucket_reference(match + j), 0)
-    if kept < verified:
-        _count(own, pool, source * BUCKETS + bucket_reference(match + kept), 1)
-
-
-def _count(own, pool, b: int, refused: int) -> None:
-    own[refused][b] += 1.0
-    own[2][b] = 0.0
-    pool[refused][b] += 1.0
-    if pool[0][b] + pool[1][b] > POOL_WINDOW:
-        pool[0][b] *= 0.5
-        pool[1][b] *= 0.5
-
-
 @njit(cache=True)
 def fade(own, source, match, memory):
     """A draft after a ``match``-token match was declined or not verified, so its first
@@ -172,12 +129,6 @@ def fade(own, source, match, memory):
     own[ACCEPTED, b] *= memory
     own[REJECTED, b] *= memory
     own[DOUBT, b] = 1.0 - (1.0 - own[DOUBT, b]) * memory
-
-
-def fade_reference(own, source: int, match: int, memory: float) -> None:
-    b = source * BUCKETS + bucket_reference(match)
-    own[0][b], own[1][b] = own[0][b] * memory, own[1][b] * memory
-    own[2][b] = 1 - memory * (1 - own[2][b])
 
 
 def new_evidence() -> np.ndarray:

@@ -2,13 +2,14 @@
 
 Two ways in, one implementation:
 
-* ``model.generate(ids, ngram_speculator=spec, ...)``: ``import ngramspec`` wraps
+* ``model.generate(ids, ngram_speculator=spec, ...)``: :func:`install` (``ngramspec.install()``,
+  also called by ``load_model()`` and ``DocumentJob``; importing ngramspec does not) wraps
   ``GenerationMixin.generate`` once. Calls without ``ngram_speculator`` go to the original
   untouched; calls with it are routed through transformers' official extension hook below.
 * ``model.generate(ids, custom_generate=ngramspec.ngram_generate, ngram_speculator=spec)``:
   the hook itself. generate() does all of its preparation (config merge, special tokens,
   attention mask, a fresh DynamicCache, logits processors, stopping criteria) and then calls
-  :func:`ngram_generate`, which runs the loop of ``decode.py`` on an ``hf.HFTarget``.
+  :func:`ngram_generate`, which runs the loop of ``decode.py`` on a ``target.HFTarget``.
 
 generate() does not hand its ``streamer`` to a ``custom_generate`` callable, so the wrapper
 passes it on as ``ngram_streamer``.
@@ -25,12 +26,12 @@ from transformers import DynamicCache, GenerationMixin
 from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 
-from . import hf
+from ..cost.timer import ForwardTimer
+from ..draft.metrics import DecodeStats
+from ..draft.speculator import NgramSpeculator
+from . import target as hf
 from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail
-from .costmodel import ForwardTimer
 from .decode import DecodeResult, Options, speculative_decode, stack_per_index
-from .metrics import DecodeStats
-from .speculator import NgramSpeculator
 
 
 def ngram_generate(
@@ -186,7 +187,9 @@ def _wrap_generate(original):
 
 
 def install() -> None:
-    """Let ``model.generate`` accept ``ngram_speculator=`` (idempotent; done on import)."""
+    """Let ``model.generate`` accept ``ngram_speculator=``: wraps ``GenerationMixin.generate`` once
+    (idempotent: later calls change nothing). Importing ngramspec does not call it;
+    ``load_model()`` and ``DocumentJob`` do."""
     if not hasattr(GenerationMixin.generate, "_ngramspec_original"):
         GenerationMixin.generate = _wrap_generate(GenerationMixin.generate)
 

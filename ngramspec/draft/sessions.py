@@ -3,12 +3,12 @@ every row of a step: vLLM's proposer sees hundreds of rows per engine step, wher
 call per row (``SpeculationSession.extend`` + ``propose``, ~15 us) would cost more than the
 step's forward on a GPU machine.
 
-A *slot* holds one request: its token stream and n-gram table (:mod:`ngramspec.index`'s
+A *slot* holds one request: its token stream and n-gram table (:mod:`ngramspec.draft.index`'s
 arrays, one per slot in a typed list, grown inside the kernel), and a row of ``state``
 (lengths, copy cursor, the pending draft's match and start) and ``evidence`` (accepted and
-rejected draft positions per match-length bucket, :mod:`ngramspec.acceptance`; with ``pool``,
+rejected draft positions per match-length bucket, :mod:`ngramspec.draft.acceptance`; with ``pool``,
 the same pooled over every slot). :func:`draft_rows` does, for each row, exactly
-what one :class:`~ngramspec.speculator.SpeculationSession` does for a chain draft with
+what one :class:`~ngramspec.draft.session.SpeculationSession` does for a chain draft with
 ``sized=False``: learn from the pending draft (``verified`` of its tokens were checked), append
 the row's new tokens, move the copy cursor, then draft from the cursor, the index, fuzzy
 re-alignment or the shared history (first where it matches a longer context than the index).
@@ -19,7 +19,7 @@ Worked example (min_n=1, max_n=3, one row): a new slot gets ``[5 6 7 5 6]`` as i
 the suffix ``(5 6)`` last ended at position 1, so the draft copies from position 2, periodic
 past the end: limit 4 gives ``[7 5 6 7]``, continuing a match of 2 tokens, estimated (2/3,
 2/3, 0.8, 0.8) with no evidence yet (the priors of matches of 2-3 and 4-7 tokens,
-:mod:`ngramspec.acceptance`).
+:mod:`ngramspec.draft.acceptance`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from numba.typed import List
 from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
 from .history import SEPARATOR
 from .index import index_extend, index_find
-from .speculator import FUZZY_AHEAD, FUZZY_BELOW_N, FUZZY_CONTEXT, FUZZY_WINDOW
+from .proposal import FUZZY_AHEAD, FUZZY_BELOW_N, FUZZY_CONTEXT, FUZZY_WINDOW
 
 # Columns of ``state`` (int64, one row per slot).
 # VERIFIED: how many tokens of its draft the next step verifies; ACTIVE: it ran in the step
@@ -196,7 +196,7 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
 
 class SessionTable:
     """Slots for requests (see the module docstring); ``config`` a SpeculatorConfig, ``history``
-    the speculator's :class:`~ngramspec.history.History` or None."""
+    the speculator's :class:`~ngramspec.draft.history.History` or None."""
 
     def __init__(self, config, history=None, slots: int = 16, pool=None):
         self.config, self.history = config, history

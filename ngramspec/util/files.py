@@ -196,3 +196,12 @@ class RecordLog:
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def cache_dir() -> Path:
+    """Where ngramspec caches converted models, measured cost curves and resume state:
+    ``$NGRAMSPEC_CACHE``, else ``$XDG_CACHE_HOME/ngramspec``."""
+    if os.environ.get("NGRAMSPEC_CACHE"):
+        return Path(os.environ["NGRAMSPEC_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ngramspec"

@@ -2,7 +2,7 @@
 
 Row b's j-th draft token (j = 1, 2, ...) is accepted with probability ``acceptance[b, j - 1]``
 given that the one before it was (a per-position estimate,
-:func:`ngramspec.acceptance.position_acceptance`), so it is emitted with probability
+:func:`ngramspec.draft.acceptance.position_acceptance`), so it is emitted with probability
 g_bj = acceptance[b, 0] * ... * acceptance[b, j - 1], its *gain*; gains fall with j. A step that
 verifies m draft positions costs ``step_costs[m]`` (relative to any fixed unit, e.g. a one-token
 forward). The rule picks the m that maximises expected emitted tokens per unit cost, against a
@@ -22,12 +22,10 @@ step_costs[m] = 1 + 0.1 (2 + m - 1): gains 0.9 0.81 0.73 | 0.5 0.25 -> sorted 0.
 0.25; (2 + first m) / cost: m=0 1.82, 1 2.32, 2 2.71, 3 2.96, 4 3.08, 5 3.06 -> m=4: lengths (3, 1).
 
 All rows of a step are sized in one compiled call (:func:`draft_lengths`); the plain-Python
-reference is :func:`draft_lengths_reference` (a Hypothesis test pins them together).
+reference is ``tests/reference_sizing.py`` (a Hypothesis test pins them together).
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import njit
@@ -121,41 +119,6 @@ def _by_gain(gains):
             order[b] = i
         start = buckets[k]
     return order
-
-
-def draft_lengths_reference(acceptance, limits, step_costs, padded) -> tuple[np.ndarray, float]:
-    """:func:`draft_lengths` written plainly: try every m, keep the first best."""
-    candidates = candidates_reference(acceptance, limits, step_costs, padded)
-    if not candidates:
-        return np.zeros(0, dtype=np.int64), 0.0
-    best = max(range(len(candidates)), key=lambda m: (candidates[m][1], -m))
-    return np.array(candidates[best][0], dtype=np.int64), candidates[best][1]
-
-
-def candidates_reference(acceptance, limits, step_costs, padded) -> list[tuple[list[int], float]]:
-    """(lengths, value) for every m, in order of m (empty for no rows)."""
-    rows = len(limits)
-    if rows == 0:
-        return []
-
-    def gain(b, j):  # row b's j-th draft token is emitted
-        return math.prod(acceptance[b, :j].tolist())
-
-    def expected(lengths):
-        return sum(sum(gain(b, j) for j in range(k + 1)) for b, k in enumerate(lengths))
-
-    if padded:
-        candidates = [[min(k, int(limit)) for limit in limits] for k in range(int(max(limits)) + 1)]
-    else:
-        gains = sorted(((gain(b, j), b) for b, limit in enumerate(limits) for j in range(1, int(limit) + 1)),
-                       key=lambda g: -g[0])  # stable, as above
-        candidates = []
-        for m in range(len(gains) + 1):
-            lengths = [0] * rows
-            for _, b in gains[:m]:
-                lengths[b] += 1
-            candidates.append(lengths)
-    return [(c, expected(c) / step_costs[m]) for m, c in enumerate(candidates)]
 
 
 def warm_up() -> None:

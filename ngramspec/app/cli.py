@@ -46,37 +46,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import difflib
-import hashlib
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
-from .documents import CHUNK_TOKENS, MIN_CHUNK_TOKENS, SUMMARIZE_INSTRUCTION, SUMMARY_TOKENS, DegenerateOutput
-from .files import RecordLog, apply_style, exclusive_lock, split_style, write_output, write_target
+from .documents import CHUNK_TOKENS, MIN_CHUNK_TOKENS, SUMMARIZE_INSTRUCTION, SUMMARY_TOKENS
 from .guard import MAX_GROWTH, SIMILARITY_FLOOR
 from .jobs import start_processes
+from .process import CliError, DegenerateError, WriteError, lock_output, output_path, process_share, write_stdout
 
 EXIT_FAILED, EXIT_USAGE, EXIT_GUARDED, EXIT_DEGENERATE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 
 
-class CliError(Exception):
-    """A problem with the user's input: printed as one line, exit code 2, no traceback."""
-
-
-class DegenerateError(Exception):
-    """The model's output degenerated and was refused: one line, exit code 4."""
-
-
-class WriteError(Exception):
-    """An output that could not be written (disk full, no permission): one line, exit code 1."""
-
-
 def _config_options(parser: argparse.ArgumentParser) -> None:
     """One --option per simple SpeculatorConfig field, defaults read from the dataclass."""
-    from .config import SpeculatorConfig
+    from ..draft.config import SpeculatorConfig
 
     group = parser.add_argument_group("speculator settings (defaults from SpeculatorConfig)")
     described = SpeculatorConfig.describe()
@@ -99,7 +84,7 @@ def _config_options(parser: argparse.ArgumentParser) -> None:
 
 def _setting_parser(name: str):
     """argparse ``type`` for a SpeculatorConfig field: its own parser, its own error message."""
-    from .config import SpeculatorConfig
+    from ..draft.config import SpeculatorConfig
 
     def parse(text: str):
         try:
@@ -189,29 +174,6 @@ def read_input(path: str) -> str:
     return text
 
 
-class ResumeState:
-    """Finished chunks of one (input, command, instruction, model, settings) run: a record log
-    (one line per chunk, ``index`` -1 marks an in-place file as rewritten) under the cache."""
-
-    def __init__(self, key_parts: dict):
-        from .models import cache_dir
-
-        key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:24]
-        self.log = RecordLog(cache_dir() / "resume" / f"{key}.jsonl")
-        self.done: dict[int, str] = {}
-
-    def load(self) -> dict[int, str]:
-        self.done = {int(r["index"]): r["text"] for r in self.log.read() if "index" in r and "text" in r}
-        return self.done
-
-    def save(self, index: int, text: str) -> None:
-        self.done[index] = text
-        self.log.append({"index": index, "text": text})
-
-    def clear(self) -> None:
-        self.log.clear()
-
-
 def _check_args(args) -> None:
     if args.instruction is not None and not args.instruction.strip():
         raise CliError("the instruction is empty; say what to do, e.g. --instruction \"Fix the grammar.\"")
@@ -271,141 +233,9 @@ def shard_by_size(sizes: list[int], processes: int) -> list[list[int]]:
     return [sorted(shard) for shard in shards]
 
 
-def _output_path(args, path: str) -> Path | None:
-    """Where the result for input ``path`` goes (None: stdout, or a --diff)."""
-    if getattr(args, "in_place", False):
-        return Path(path)
-    if args.out_dir is not None:
-        return Path(args.out_dir) / Path(path).name
-    return None if args.output is None else Path(args.output)
-
-
-def _resume_state(args, text: str, kind: str, config) -> ResumeState:
-    return ResumeState({"input": hashlib.sha256(text.encode()).hexdigest(), "command": args.command,
-                        "instruction": args.instruction, "model": args.model, "config": repr(config),
-                        "sample": args.sample, "temperature": args.temperature, "seed": args.seed,
-                        "max_new_tokens": args.max_new_tokens, "chunk_tokens": args.chunk_tokens, "kind": kind,
-                        "guard": [getattr(args, "keep_drifted", None), getattr(args, "max_growth", None)]})
-
-
-def _kind(args, path: str, text: str) -> str:
-    from .chunking import kind_of
-
-    return kind_of(None if path == "-" else path, text) if args.kind == "auto" else args.kind
-
-
-def _finished_in_place(args, path: str, text: str, config) -> ResumeState | None:
-    """--in-place --resume after an interruption: the resume state of this file when it was
-    rewritten already (its .bak holds the original, whose state marks the file's content as
-    the finished result), else None."""
-    backup = Path(path + ".bak")
-    if not (getattr(args, "in_place", False) and args.resume and backup.is_file()):
-        return None
-    original = split_style(backup.read_bytes().decode("utf-8"))[0]
-    state = _resume_state(args, original, _kind(args, path, original), config)
-    return state if state.load().get(-1) == _digest(text) else None
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _lock_output(args, path: str, locks: contextlib.ExitStack) -> None:
-    """Hold the lock of input ``path``'s output file until ``locks`` closes. Outputs written
-    through (stdout, devices) are written once, in one go, and take none."""
-    output = _output_path(args, path)
-    target = None if output is None else write_target(output)
-    if target is None:
-        return
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        locks.enter_context(exclusive_lock(target.parent / f".{target.name}.lock"))
-    except BlockingIOError:
-        raise CliError(f"another ngramspec run is writing {output}; wait for it to end, then rerun") from None
-    except OSError as err:
-        raise WriteError(f"cannot write {output}: {err.strerror or err}") from None
-
-
-def _write(path: Path, text: str) -> None:
-    try:
-        write_output(path, text)
-    except OSError as err:
-        raise WriteError(f"cannot write {path}: {err.strerror or err}") from None
-
-
-def _print(text: str) -> None:
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except OSError as err:
-        raise WriteError(f"cannot write to stdout: {err.strerror or err}") from None
-
-
-def _diff(old: str, new: str, name: str) -> str:
-    """A unified diff of ``old`` to ``new``, both headed ``name``; a last line without a line
-    break gets diff's "No newline at end of file" marker, so the diff still applies."""
-    lines = difflib.unified_diff(_lines(old), _lines(new), name, name)
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
-
-
-def _lines(text: str) -> list[str]:
-    """Lines split at LF only (str.splitlines also splits at form feeds and other breaks)."""
-    return re.findall(r"[^\n]*\n|[^\n]+\Z", text)
-
-
-def _process(args, job, path: str, raw: str, config, bar, stream: bool) -> ResumeState:
-    """Rewrite or summarize one document (``raw``: as read) and write its output; returns its
-    resume state (cleared by the caller once the whole run is done)."""
-    text, style = split_style(raw)
-    kind = _kind(args, path, text)
-    state = _resume_state(args, text, kind, config)
-    done = state.load() if args.resume else {}
-    if not args.resume:
-        state.clear()
-    output = _output_path(args, path)
-
-    def on_chunk(index, chunk, body):
-        if index not in done:
-            state.save(index, body)
-        if stream and output is None and args.command == "rewrite":
-            sys.stdout.write(chunk.trail)  # the blank lines between chunks
-            sys.stdout.flush()
-        bar.update(1)
-        stats = job.stats  # speed over the chunks whose rewrite was used
-        if stats.used_seconds:
-            bar.set_postfix(tok_s=f"{stats.new_tokens / stats.used_seconds:.1f}", mat=f"{stats.mat:.2f}",
-                            guarded=len(stats.guarded))
-
-    if args.command == "rewrite":
-        result = job.rewrite(text, args.instruction, kind, done=done, on_chunk=on_chunk)
-    else:
-        try:
-            result = job.summarize(text, args.instruction, kind, done=done, on_chunk=on_chunk)
-        except DegenerateOutput as err:
-            raise DegenerateError(f"{path}: summary refused, nothing written: {err}") from None
-    for index, why in job.stats.guarded:
-        print(f"ngramspec {args.command}: {path}: chunk {index} kept as it was: its rewrite drifted ({why}); "
-              "--keep-drifted 0 uses it anyway", file=sys.stderr)
-
-    result = apply_style(result, style)
-    if getattr(args, "diff", False):
-        job.diff = _diff(raw, result, path)  # printed by the first process, in input order, at the end
-    elif getattr(args, "in_place", False):
-        _write(Path(path + ".bak"), raw)
-        state.save(-1, _digest(split_style(result)[0]))  # marks it done for --resume (which reads it back)
-        _write(Path(path), result)
-    elif output is not None:
-        _write(output, result)
-    elif not stream:
-        _print(result)
-    else:
-        _print("\n" if not result.endswith("\n") else "")
-    return state
-
-
 def _speculator_config(args):
     """The SpeculatorConfig of the --min-n ... options (bad values are usage errors)."""
-    from .config import SpeculatorConfig
+    from ..draft.config import SpeculatorConfig
 
     settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(SpeculatorConfig) if hasattr(args, f.name)}
     try:
@@ -416,9 +246,9 @@ def _speculator_config(args):
 
 def _document_job(args, config, device: str | None, stream: bool):
     """The model, loaded on ``device``, and the job that rewrites or summarizes with it."""
+    from ..draft.speculator import NgramSpeculator
+    from ..hf.models import ModelNotFoundError, load_model
     from .documents import DocumentJob
-    from .models import ModelNotFoundError, load_model
-    from .speculator import NgramSpeculator
 
     try:
         with _transformers_quiet(args.quiet):
@@ -457,35 +287,6 @@ def _transformers_quiet(quiet: bool):
             logging.enable_progress_bar()
 
 
-def _process_share(args, job, raws: list[str], mine: list[int], config, processes,
-                   stream: bool) -> tuple[list, list]:
-    """This process's share ``mine`` of the documents, each processed and written: (its stats
-    records, the resume states to clear once every process is done)."""
-    from tqdm import tqdm
-
-    from .documents import JobStats
-
-    texts = {i: split_style(raws[i])[0] for i in mine}
-    finished = {i: _finished_in_place(args, args.inputs[i], texts[i], config) for i in mine}
-    states = [resume for resume in finished.values() if resume is not None]  # cleared at the end too
-    mine = [i for i in mine if finished[i] is None]
-    chunk_lists = {i: job.chunks(texts[i], _kind(args, args.inputs[i], texts[i])) for i in mine}
-    total = sum(len(c) if args.command == "rewrite" else sum(1 for x in c if x.body) for c in chunk_lists.values())
-    bar = tqdm(total=total, unit="chunk", file=sys.stderr, disable=args.quiet,
-               desc=f"{args.command}[{processes.rank}]" if processes.world > 1 else args.command)
-    records = []
-    try:
-        for i in mine:
-            job.stats = JobStats()  # per document (sampling seeds too, so a split run equals a whole one)
-            states.append(_process(args, job, args.inputs[i], raws[i], config, bar, stream))
-            records.append({"input": args.inputs[i], "process": processes.rank, **job.stats.as_dict()})
-            if getattr(args, "diff", False):
-                records[-1]["diff"] = job.diff
-    finally:
-        bar.close()
-    return records, states
-
-
 def run(args) -> int:
     _check_args(args)
     raws = [read_input(path) for path in args.inputs]  # every input checked before the model loads
@@ -496,18 +297,18 @@ def run(args) -> int:
     processes = start_processes(args.threads, distributed=many)
     mine = shard_by_size([len(t) for t in raws], processes.world)[processes.rank]
     stream = (not many and not args.quiet and not getattr(args, "diff", False) and sys.stdout.isatty()
-              and _output_path(args, args.inputs[0]) is None)
+              and output_path(args, args.inputs[0]) is None)
     with contextlib.ExitStack() as locks:  # this process's outputs, before the model loads
         for i in mine:
-            _lock_output(args, args.inputs[i], locks)
+            lock_output(args, args.inputs[i], locks)
         job = _document_job(args, config, processes.device, stream)
-        records, states = _process_share(args, job, raws, mine, config, processes, stream)
+        records, states = process_share(args, job, raws, mine, config, processes, stream)
         records = processes.gather(records)  # every process's documents, on every process
         processes.close()
         records = sorted(records, key=lambda r: args.inputs.index(r["input"]))
         diffs = [r.pop("diff") for r in records if "diff" in r]
         if diffs and processes.is_main:  # one writer: diffs of several processes never interleave
-            _print("".join(diffs))
+            write_stdout("".join(diffs))
         for resume in states:
             resume.clear()
     if args.stats and processes.is_main:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
-from .costs import DEFAULT_CPU_CURVE, CostCurve
+from ..cost.curves import DEFAULT_CPU_CURVE, CostCurve
 
 MATCH_POLICIES = ("recent", "earliest")
 
@@ -56,12 +56,12 @@ class SpeculatorConfig:
             (the first one, as vLLM's proposer does).
         payoff_sizing: size each draft to maximise expected tokens per unit of verify cost,
             using a per-position acceptance estimate learned from this request and the
-            speculator's earlier ones (:mod:`ngramspec.acceptance`); a draft that is not
+            speculator's earlier ones (:mod:`ngramspec.draft.acceptance`); a draft that is not
             expected to pay is not proposed (a plain step). False:
             always draft as much as the match offers, up to ``max_draft_tokens``.
         verify_cost: None, "auto" on a command line (the default): draft sizing asks a cost model that knows
             the context length and refines itself from the decode loop's own forward timings
-            (:class:`~ngramspec.costmodel.OnlineCost`; its prior was measured on a 2-core CPU
+            (:class:`~ngramspec.cost.costmodel.OnlineCost`; its prior was measured on a 2-core CPU
             at 400, 2,000 and 8,000 tokens of context). Or ``((q, relative_cost), ...)``: a
             fixed curve, the cost of one forward over q tokens relative to one token, linear in
             between; beyond the last point cost grows in proportion to q (a batch of rows x
@@ -69,7 +69,7 @@ class SpeculatorConfig:
         acceptance_prior: prior probability that a drafted token is accepted given the one
             before it was, before this speculator's requests have shown acceptance after
             matches of that length (a floor: longer matches start higher, see
-            :mod:`ngramspec.acceptance`).
+            :mod:`ngramspec.draft.acceptance`).
         acceptance_memory: decay, per declined or unverified draft, of the request's
             evidence for that match length, so the request drifts back to the prior and tries
             again (the speculator's pooled evidence does not fade).

@@ -1,5 +1,5 @@
 """The transformers side of the decode loop: the target model and its cache as a
-:class:`~ngramspec.decode.Target`, and generate()'s processors and stopping criteria in the
+:class:`~ngramspec.hf.decode.Target`, and generate()'s processors and stopping criteria in the
 loop's terms. (Request checks live in ``checks.py``, the ``generate()`` hook in ``hook.py``.)
 """
 
@@ -35,7 +35,7 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 class HFTarget:
-    """A causal LM and its KV cache (a :class:`~ngramspec.decode.Target`)."""
+    """A causal LM and its KV cache (a :class:`~ngramspec.hf.decode.Target`)."""
 
     def __init__(self, model, cache):
         self.model = model

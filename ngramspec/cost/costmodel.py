@@ -36,15 +36,14 @@ from __future__ import annotations
 import math
 import statistics
 import threading
-import time
 from collections import deque
 from functools import lru_cache
 from itertools import chain
 
 import numpy as np
-from numba import njit
 
-from .costs import CPU_PRIOR, CostPrior
+from .curves import CPU_PRIOR, CostPrior
+from .fit import line_scale
 
 
 class OnlineCost:
@@ -338,108 +337,3 @@ class OnlineCost:
                 self._step_tables.clear()
             self._step_tables[key] = costs
         return costs
-
-
-@njit(cache=True)
-def line_scale(x, seconds, min_steps, min_spread):
-    """b / a of the line seconds = a + b x through the points (x (n,), seconds (n,)): b the
-    median of the pairwise slopes weighted by how far apart the pair is in x (Sievers-Scholz;
-    pairs at least min_spread / 10 apart), then a the median intercept. -1.0 where there are
-    fewer than ``min_steps`` points, less than ``min_spread`` spread in x, or no positive a;
-    else clipped to [0, 50].
-
-    Why weighted: an engine's steps crowd at small drafts, where a step costs about as much as
-    a plain one, and a true cost curve can be more convex than the prior it is scaled from. The
-    plain Theil-Sen median is then a slope between two near-equal small drafts: one request
-    at a time, vLLM on 2 cores, 1-4 token drafts cost +0-10% and 24 tokens +110%, and the plain
-    median read a scale of 0.0-0.2 (long drafts "free", drafts grew to 9 tokens for the same
-    accepted tokens); weighting by the spread lets the pairs that span the sizes speak. (n =
-    128 gives 8,128 pairs, refitted every STEP_REFIT steps.) Reference: :func:`line_scale_reference`."""
-    n = x.shape[0]
-    if n < min_steps or x.max() - x.min() < min_spread:
-        return -1.0
-    slopes = np.empty(n * (n - 1) // 2)
-    weights = np.empty(n * (n - 1) // 2)
-    k = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            apart = abs(x[j] - x[i])
-            if apart > min_spread / 10:
-                slopes[k] = (seconds[j] - seconds[i]) / (x[j] - x[i])
-                weights[k] = apart
-                k += 1
-    order = np.argsort(slopes[:k], kind="mergesort")
-    half = 0.0
-    for i in order:  # summed in slope order, as the reference does
-        half += weights[i]
-    half, total, slope = 0.5 * half, 0.0, 0.0
-    for i in order:  # the weighted median: the first slope past half the total weight
-        total += weights[i]
-        slope = slopes[i]
-        if total >= half:
-            break
-    plain = np.median(seconds - slope * x)
-    if plain <= 0:
-        return -1.0
-    return min(max(slope / plain, 0.0), 50.0)
-
-
-def line_scale_reference(x, seconds, min_steps: int, min_spread: float) -> float:
-    """:func:`line_scale` in numpy."""
-    x, seconds = np.asarray(x, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
-    if len(x) < min_steps or x.max() - x.min() < min_spread:
-        return -1.0
-    i, j = np.triu_indices(len(x), 1)
-    apart = np.abs(x[j] - x[i]) > min_spread / 10
-    slopes = (seconds[j] - seconds[i])[apart] / (x[j] - x[i])[apart]
-    weights = np.abs(x[j] - x[i])[apart]
-    order = np.argsort(slopes, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    slope = float(slopes[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])])
-    plain = float(np.median(seconds - slope * x))
-    if plain <= 0:
-        return -1.0
-    return min(max(slope / plain, 0.0), 50.0)
-
-
-class ForwardTimer:
-    """Times the decode loop's forwards into an :class:`OnlineCost`. On CPU the forward is
-    synchronous and the wall clock times it. On CUDA two events bracket it and are read once
-    they have completed (``query()``, a step or more later): no host-device sync is added."""
-
-    def __init__(self, cost: OnlineCost, device, clock=time.perf_counter):
-        self.cost = cost
-        self.cuda = getattr(device, "type", str(device)) == "cuda"
-        self.clock = clock
-        self._pending: list = []  # CUDA: (start event, end event, tokens, context, rows)
-        self._started = None
-
-    def start(self) -> None:
-        if self.cuda:
-            import torch
-
-            self._read_completed()
-            self._started = torch.cuda.Event(enable_timing=True)
-            self._started.record()
-        else:
-            self._started = self.clock()
-
-    def stop(self, tokens: int, context: int, rows: int = 1) -> None:
-        if self.cuda:
-            import torch
-
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._pending.append((self._started, end, tokens, context, rows))
-        else:
-            self.cost.observe(tokens, context, self.clock() - self._started, rows)
-
-    def finish(self) -> None:
-        """After the loop: its last step read the target's choices, a sync after every event
-        recorded, so the pending timings are complete and reach the cost model unwaited."""
-        self._read_completed()
-
-    def _read_completed(self) -> None:
-        while self._pending and self._pending[0][1].query():
-            start, end, tokens, context, rows = self._pending.pop(0)
-            self.cost.observe(tokens, context, start.elapsed_time(end) / 1000, rows)

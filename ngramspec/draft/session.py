@@ -1,96 +1,39 @@
-"""The n-gram speculator and its per-request session (start -> propose/extend -> done).
-
-    spec = NgramSpeculator(max_n=4)
-    session = spec.start(prompt_ids)       # index the prompt
-    draft = session.propose()              # Draft: tokens copied from after an earlier match
-    ...verify draft with the target model...
-    session.extend(emitted_tokens)         # accepted draft tokens + the target's own token
-
-``generate(ngram_speculator=spec)`` drives exactly this API; so do the trace replayer and any
-other decode loop. A speculator holds settings, the acceptance evidence pooled over its
-requests (so a request starts from what earlier ones showed, :mod:`ngramspec.acceptance`) and
-its cost model; per-request state lives in sessions, so one speculator can serve many calls
-(its ``last_stats`` describe the latest generate call).
+"""The drafting state of one request, :class:`SpeculationSession` (start -> propose/extend ->
+finish): a token stream and its index, and where each draft comes from (copy cursor, index,
+fuzzy re-alignment, shared history, learned edits, token trees). Its compiled twin for many
+requests at once is :mod:`ngramspec.draft.sessions`.
 """
 
 from __future__ import annotations
-
-import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
 from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
-from .acceptance import warm_up as warm_up_acceptance
 from .config import SpeculatorConfig
-from .costmodel import OnlineCost
-from .costs import DEFAULT_CPU_CURVE, CostPrior
-from .history import SEPARATOR, History
-from .index import NgramIndex, warm_up
+from .history import SEPARATOR
+from .index import NgramIndex
+from .proposal import (
+    FUZZY_AHEAD,
+    FUZZY_BELOW_N,
+    FUZZY_CONTEXT,
+    FUZZY_WINDOW,
+    Candidate,
+    Draft,
+    as_token_array,
+)
 from .sizing import draft_lengths
-from .sizing import warm_up as warm_up_sizing
-from .verify import accepted_length
+from .tuning import EXPLORE_BELOW, fixed_cost_model
+from .walk import accepted_length
 
-
-@dataclass(frozen=True)
-class Draft:
-    """Tokens proposed for one verification pass.
-
-    ``tokens``: 1-D int32 array of k proposed tokens (k may be 0: take a plain step).
-    ``parents``: None for a plain chain (token i follows token i-1); for a token tree
-    (``tree_branches > 1``), ``parents[i]`` is the index of the token that token i follows
-    (-1: the last emitted token), parents before children.
-    ``match_len``/``source_start``: the suffix match that produced the draft and where in the
-    token stream the copied continuation starts (-1 when there was none).
-    ``acceptance``: (k,) float64, the session's estimate that each drafted token of the chain
-    (a tree: its first branch) is accepted given the one before it was
-    (:mod:`ngramspec.acceptance`); batch loops size a shared draft length from it. Empty when
-    nothing was drafted; positions without an estimate count as 0.
-    """
-
-    tokens: np.ndarray
-    parents: np.ndarray | None = None
-    match_len: int = 0
-    source_start: int = -1
-    acceptance: np.ndarray = dataclasses.field(default_factory=lambda: _NO_ESTIMATES)
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-
-# Fuzzy re-alignment: tried for up to FUZZY_WINDOW tokens after a copy broke, comparing the
-# last FUZZY_CONTEXT tokens, searching up to FUZZY_AHEAD tokens past the expected place;
-# it outranks index matches shorter than FUZZY_BELOW_N tokens.
-FUZZY_WINDOW = 12
-FUZZY_CONTEXT = 6
-FUZZY_AHEAD = 16
-FUZZY_BELOW_N = 3
 # Edit recurrence: an edit spans at most EDIT_SPAN tokens; a session remembers MAX_EDITS.
 EDIT_SPAN = 8
 MAX_EDITS = 8
 # Tree branches may add positions while the forward costs at most this much more than the chain.
 TREE_COST_SLACK = 0.1
-# With a cost model that has not yet timed a one-token forward at this context, a draft whose
-# expected gain over a plain step is below this factor gives way to a plain step: the gain is
-# uncertain (the relative costs are the prior's), and the step measures them. Surer drafts go on.
-EXPLORE_BELOW = 2.0
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 _NO_TOKENS.flags.writeable = False
-_NO_ESTIMATES = np.zeros(0)
-_NO_ESTIMATES.flags.writeable = False
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    """One possible continuation: ``source[start:]``."""
-
-    start: int
-    match_len: int
-    source: np.ndarray  # the stream itself, or the shared history's tokens
-    own: bool = True  # drawn from this request's stream (copies may run into the suffix)
-    contested: bool = False  # an index match whose earliest and latest occurrences continue differently
 
 
 class SpeculationSession:
@@ -115,7 +58,7 @@ class SpeculationSession:
 
     def __init__(self, config: SpeculatorConfig, prompt_ids, capacity: int = 0, history=None, cost_model=None,
                  pool=None):
-        prompt = _as_token_array(prompt_ids)
+        prompt = as_token_array(prompt_ids)
         self.config = config
         self.index = NgramIndex(
             config.min_n,
@@ -127,7 +70,7 @@ class SpeculationSession:
         self.prompt_length = int(prompt.shape[0])
         self._history = history
         # Payoff sizing: this request's accepted and rejected draft positions per match-length
-        # bucket, and the speculator's pool of the same (ngramspec.acceptance).
+        # bucket, and the speculator's pool of the same (ngramspec.draft.acceptance).
         # Costs at this request's context: the speculator's model (as measured so far), else the
         # fixed curve of this config (verify_cost, or the CPU one at 400 tokens of context).
         self._cost_model = fixed_cost_model(config) if cost_model is None else cost_model
@@ -181,13 +124,13 @@ class SpeculationSession:
         self._pending = (tokens[: limit], source, match, branch_starts, edited)
         return Draft(tokens, parents, match_len=first.match_len, source_start=first.start, acceptance=acceptance)
 
-    def _candidates(self, wanted: int) -> list[_Candidate]:
+    def _candidates(self, wanted: int) -> list[Candidate]:
         """Up to ``wanted`` distinct continuations, best first (order: class docstring). With
         one wanted (a chain), the search stops at the first source that applies."""
         stream, length = self.index.tokens, self.index.length
-        found: list[_Candidate] = []
+        found: list[Candidate] = []
         if self.config.copy_cursor and 0 <= self._cursor < length:
-            found.append(_Candidate(self._cursor, self.config.max_n, stream))
+            found.append(Candidate(self._cursor, self.config.max_n, stream))
             if wanted == 1:
                 return found
         following = len(found)  # the copy cursor stays first
@@ -201,21 +144,21 @@ class SpeculationSession:
         if self.config.fuzzy_resync and not found and longest < FUZZY_BELOW_N:
             start = self._realign()
             if start >= 0:
-                found.append(_Candidate(start, 0, stream))
+                found.append(Candidate(start, 0, stream))
         for n, earliest, latest in matches:
             contested = bool(stream[earliest] != stream[latest])
-            found.append(_Candidate(latest if recent else earliest, n, stream, contested=contested))
+            found.append(Candidate(latest if recent else earliest, n, stream, contested=contested))
             if earliest != latest and wanted > 1:
-                found.append(_Candidate(earliest if recent else latest, n, stream, contested=contested))
+                found.append(Candidate(earliest if recent else latest, n, stream, contested=contested))
         if self._history is not None and longest < self.config.max_n:
             # Earlier outputs win where they match a longer context than this request's own
             # text does (a longer match predicts better: on dialogue summaries the shared
             # phrasing of earlier answers); otherwise they are one more branch.
             n, start = self._history.find(stream[max(0, length - self.config.max_n) : length])
             if n > longest:
-                found.insert(following, _Candidate(start, n, self._history.tokens, own=False))
+                found.insert(following, Candidate(start, n, self._history.tokens, own=False))
             elif n:
-                found.append(_Candidate(start, n, self._history.tokens, own=False))
+                found.append(Candidate(start, n, self._history.tokens, own=False))
         unique, seen = [], set()
         for c in found:
             if (c.own, c.start) not in seen:
@@ -225,7 +168,7 @@ class SpeculationSession:
                     break
         return unique
 
-    def _continuation(self, c: _Candidate, limit: int) -> tuple[np.ndarray, tuple | None]:
+    def _continuation(self, c: Candidate, limit: int) -> tuple[np.ndarray, tuple | None]:
         """Up to ``limit`` tokens copied from ``c``, and the first learned edit applied to them
         as (what it replaces, its draft position), or None."""
         if c.own:
@@ -288,7 +231,7 @@ class SpeculationSession:
             if len(self._edits) > MAX_EDITS:  # the oldest goes
                 self._edits.pop(next(iter(self._edits)))
 
-    def _tree(self, chain: np.ndarray, others: list[_Candidate], limit: int):
+    def _tree(self, chain: np.ndarray, others: list[Candidate], limit: int):
         """Merge other candidates' continuations into a trie rooted at the last token.
         Extra branches only take positions that cost at most ``tree_cost_slack`` more than
         verifying the chain alone (on a GPU, many; on a small CPU, a few or none)."""
@@ -352,7 +295,7 @@ class SpeculationSession:
         """Draft length in [0, len(acceptance)] maximising expected emitted tokens per unit
         verify cost, (1 + g_1 + ... + g_k) / cost(k + 1) with g_j the product of the first j
         estimates, where a plain step scores 1 / cost(1) = 1 (the sizing rule for one row,
-        :func:`ngramspec.sizing.draft_lengths`)."""
+        :func:`ngramspec.draft.sizing.draft_lengths`)."""
         limit = acceptance.shape[0]
         costs = self._cost_table(self.config.max_draft_tokens + 1)
         lengths, best = draft_lengths(acceptance[None, :], np.array([limit], dtype=np.int64),
@@ -368,7 +311,7 @@ class SpeculationSession:
         """Append tokens the target emitted (accepted draft tokens plus its own next token).
         ``verified``: how many tokens of the last (chain) draft were actually verified, when
         the loop cut the draft short (default: all of them)."""
-        tokens = _as_token_array(accepted_tokens)
+        tokens = as_token_array(accepted_tokens)
         branch_starts: tuple = ()
         if self._pending is not None:
             # Learn from the last draft: how many tokens of its first chain the target kept.
@@ -419,99 +362,3 @@ class SpeculationSession:
         if self._history is not None and not self._finished and self.index.length > self.prompt_length:
             self._history.add(self.index.tokens[self.prompt_length : self.index.length])
         self._finished = True
-
-
-def fixed_cost_model(config: SpeculatorConfig) -> OnlineCost:
-    """The cost model of a fixed curve, which timings never move: ``verify_cost``, or where it
-    is None the CPU curve at 400 tokens of context (a session started without a speculator)."""
-    return OnlineCost(CostPrior.fixed(config.verify_cost or DEFAULT_CPU_CURVE.points), learn=False)
-
-
-def batch_draft_length(drafts: list[Draft], cost=None, explore: bool = False) -> int:
-    """One draft length K for a batch verified in one forward of shape (rows, K + 1): the
-    sizing rule, padded (:func:`ngramspec.sizing.draft_lengths`), with ``cost(n)`` the cost of
-    one forward over n tokens of these rows relative to their plain step. Every row pays for
-    K + 1 positions whatever its own draft, so on a device already busy with a large batch no
-    K pays (0: a plain batched step) until rows show long, reliable matches. ``explore``: a
-    plain step's timing is missing, so a marginal K (under EXPLORE_BELOW expected tokens per
-    row and unit cost) gives way to a plain step that measures it. ``cost=None`` (payoff
-    sizing off): the longest draft of any row."""
-    rows = len(drafts)
-    limits = np.array([len(d) for d in drafts], dtype=np.int64)
-    longest = int(limits.max(initial=0))
-    if rows == 0 or longest == 0 or cost is None:  # cost None: no sizing, draft all there is
-        return longest
-    acceptance = np.zeros((rows, longest))  # (rows, K): positions without an estimate count as 0
-    for b, d in enumerate(drafts):
-        estimates = np.asarray(d.acceptance, dtype=np.float64)
-        if estimates.ndim == 0:  # one rate for every position
-            acceptance[b, : len(d)] = estimates
-        else:
-            estimates = estimates[: len(d)]
-            acceptance[b, : estimates.shape[0]] = estimates
-    step_costs = np.array([cost(rows * (k + 1)) for k in range(longest + 1)], dtype=np.float64)
-    lengths, value = draft_lengths(acceptance, limits, step_costs, True)
-    if explore and value < EXPLORE_BELOW * rows:
-        return 0
-    return int(lengths.max())
-
-
-class NgramSpeculator:
-    """Prompt-lookup drafter: proposes continuations copied from earlier in the same text.
-
-    ``NgramSpeculator()`` uses the defaults of :class:`SpeculatorConfig`; pass a config, or its
-    fields as keyword arguments (``NgramSpeculator(max_n=3)``). Construction compiles (or loads
-    from Numba's on-disk cache) and warms the index kernels, so no request pays the JIT.
-    After each ``generate(..., ngram_speculator=spec)`` call, ``spec.last_stats`` holds that
-    call's :class:`~ngramspec.metrics.DecodeStats`.
-    """
-
-    def __init__(self, config: SpeculatorConfig | None = None, **settings):
-        if config is None:
-            config = SpeculatorConfig(**settings)
-        elif not isinstance(config, SpeculatorConfig):
-            raise TypeError(f"config must be a SpeculatorConfig, got {type(config).__name__}.")
-        elif settings:
-            config = dataclasses.replace(config, **settings)
-        self.config = config
-        self.last_stats = None  # DecodeStats of the latest generate() call (a batch: all rows)
-        self.last_row_stats: list = []  # one DecodeStats per row of that call
-        self.history = History(config) if config.history_tokens > 0 else None
-        # One cost model per speculator (a model on a device), shared by its calls; with
-        # verify_cost=None it starts from the CPU prior and learns from their forward timings.
-        self.cost_model = OnlineCost() if config.verify_cost is None else fixed_cost_model(config)
-        # Acceptance evidence pooled over this speculator's requests (ngramspec.acceptance).
-        self.pool = new_evidence()
-        warm_up()
-        warm_up_sizing()
-        warm_up_acceptance()
-
-    @classmethod
-    def for_model(cls, model, max_age_days: float = 30.0, **settings) -> NgramSpeculator:
-        """A speculator whose draft sizing uses ``model``'s own verify-cost curve on its device,
-        measured once (tens of seconds) and cached per model, device, dtype and torch version
-        (see :mod:`ngramspec.costs`); ``settings`` as for the constructor."""
-        from .costs import cached_cost_curve
-
-        return cls(verify_cost=cached_cost_curve(model, max_age_days), **settings)
-
-    def start(self, prompt_ids, capacity: int = 0) -> SpeculationSession:
-        """Begin a request: index ``prompt_ids`` (1-D ints). ``capacity`` pre-sizes the index
-        for the expected total length (prompt + new tokens); it grows on demand anyway.
-        Call ``session.finish()`` at the end so the output joins the history (if enabled)."""
-        return SpeculationSession(self.config, prompt_ids, capacity, history=self.history, cost_model=self.cost_model,
-                                  pool=self.pool)
-
-    def __repr__(self) -> str:
-        return f"NgramSpeculator({self.config})"
-
-
-def _as_token_array(ids) -> np.ndarray:
-    if hasattr(ids, "detach"):  # torch tensor, possibly on an accelerator
-        ids = ids.detach().to("cpu").numpy()
-    array = np.asarray(ids)
-    if array.ndim != 1:
-        raise ValueError(f"expected a 1-D sequence of token ids, got shape {array.shape}.")
-    if array.size and (array.dtype.kind not in "iu"):
-        raise TypeError(f"token ids must be integers, got dtype {array.dtype}.")
-    return np.ascontiguousarray(array, dtype=np.int32)

@@ -3,7 +3,7 @@
 Greedy output does not depend on the drafts, so for a trace (prompt ids, greedy output ids)
 the verify step is a longest-common-prefix between the draft and the recorded continuation.
 Replaying gives exactly the forwards a real run would need, in milliseconds, and, with a
-forward-cost curve, an estimate of the wall-clock speed-up. Same loop as ``decode.py``:
+forward-cost curve, an estimate of the wall-clock speed-up. Same loop as ``hf/decode.py``:
 prefill emits the first token; each step proposes at most ``remaining - 1`` tokens, verifies,
 and emits the accepted tokens plus the target's own.
 """
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costs import STEEP_CPU_CURVE, CostCurve
+from ..cost.curves import STEEP_CPU_CURVE, CostCurve
 from .metrics import DecodeStats
-from .verify import accepted_length
+from .walk import accepted_length
 
 # Replay's cost curve is the library's one (a CostCurve). ForwardCost is its former name, kept
 # for callers; with no curve given, replay scores on the steep CPU curve.
@@ -37,7 +37,7 @@ class ReplayResult:
 
 def replay(session, output_ids, cost: CostCurve | None = None) -> ReplayResult:
     """Drive ``session`` (from ``speculator.start(prompt_ids)``) over ``output_ids``; ``cost``
-    prices each verify forward (default: :data:`~ngramspec.costs.STEEP_CPU_CURVE`)."""
+    prices each verify forward (default: :data:`~ngramspec.cost.curves.STEEP_CPU_CURVE`)."""
     cost = cost or STEEP_CPU_CURVE
     output = np.asarray(output_ids, dtype=np.int32)
     stats = DecodeStats(new_tokens=len(output))

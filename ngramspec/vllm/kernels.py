@@ -1,0 +1,83 @@
+"""One engine step's drafting in one compiled call, :func:`propose_rows`: every row's spot
+check, extend and draft, and the sizing of all drafts together (the proposer's usual step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..draft.sessions import ACTIVE, LENGTH, STAMP, VERIFIED, draft_rows
+from ..draft.sizing import draft_lengths
+from .rows import PROBES, spot_check
+
+ROWS, SLOTS, LIMITS, LENGTHS = range(4)  # rows of propose_rows' work array
+
+
+@njit(cache=True)
+def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, streams, tables, state, evidence,
+                 pool, pending, history, history_slots, history_length, settings, rates, step_costs, work, drafts,
+                 acceptance, kept):
+    """One engine step's drafting, all rows in one call. Returns (live, matched, continued,
+    context): the decoding rows (``rows[:live]``), whether every one held its slot, how many
+    of those slots ran in the step before, and the rows' mean length.
+
+    token_ids (>= R, L) int32 and ends (>= R,) int32: row i's text is ``token_ids[i, :ends[i]]``;
+    sampled (R,) int64: tokens row i emitted this step (0: still prefilling). row_slots: row
+    -> slot (-1: none). With ``check``, each decoding row must hold the slot it had (spot
+    checks) and there must be ``expected`` of them, else nothing changes and matched is False
+    (the caller matches rows to slots and calls again without ``check``). Then every row
+    extends and drafts (:func:`ngramspec.draft.sessions.draft_rows`), all drafts are sized together
+    (:func:`ngramspec.draft.sizing.draft_lengths`, flattened; step_costs[m] prices a step over the
+    rows' last tokens and m draft tokens) and the slots note what the next step verifies.
+    ``stamp`` marks the slots' STAMP. settings (int64): min_n, max_n, recent, copy_cursor,
+    fuzzy, payoff, max_draft, max_model_len; rates: the acceptance prior and memory. Out:
+    work (4, >= A) int64: the rows, their slots, limits and sized draft lengths; acceptance
+    (A, K) and drafts (A, K), unsized; kept: the sized drafts one after another, in row order."""
+    rows, slots, limits, lengths = work[ROWS], work[SLOTS], work[LIMITS], work[LENGTHS]
+    min_n, max_n, max_draft, max_model_len = settings[0], settings[1], settings[6], settings[7]
+    recent, copy_cursor, fuzzy, payoff = settings[2] != 0, settings[3] != 0, settings[4] != 0, settings[5] != 0
+    # 1. Rows that decode this step.
+    live, total = 0, 0
+    for i in range(sampled.shape[0]):
+        if sampled[i] > 0 and ends[i] < max_model_len - 1:
+            rows[live] = i
+            live += 1
+            total += ends[i]
+    context = total // max(live, 1)
+    # 2. Each row's slot: the one it had, if it still holds it (or as the caller matched).
+    if check and live != expected:
+        return live, False, 0, context
+    for r in range(live):
+        i = rows[r]
+        s = row_slots[i] if i < row_slots.shape[0] else -1
+        if check and (s < 0 or not spot_check(streams[s], token_ids[i, : ends[i]], state[s, LENGTH],
+                                              np.random.random(PROBES))):
+            return live, False, 0, context
+        if s < 0:
+            raise ValueError("a decoding row has no slot")  # the caller matches every row first
+        slots[r] = s
+    continued = 0
+    for r in range(live):
+        continued += state[slots[r], ACTIVE]  # its last draft was verified unless it was idle
+        state[slots[r], STAMP] = stamp
+    # 3. Every row extends its slot with its new tokens and drafts, unsized.
+    row_ends = ends[rows[:live]].astype(np.int64)
+    for r in range(live):
+        limits[r] = max(min(max_draft, max_model_len - row_ends[r] - 1, drafts.shape[1]), 0)
+    draft_rows(token_ids, rows[:live], row_ends, slots[:live], limits[:live], streams, tables, state, evidence,
+               pool, pending, history, history_slots, history_length, min_n, max_n, recent, copy_cursor, fuzzy,
+               rates[0], rates[1], drafts, lengths, acceptance)
+    # 4. One length per row, for all rows together (the step's total token count).
+    if payoff and lengths[:live].sum() >= step_costs.shape[0]:
+        raise ValueError("step_costs must price every total the drafts could add")
+    if payoff:
+        lengths[:live] = draft_lengths(acceptance[:live], lengths[:live], step_costs, False)[0]
+    # 5. The next step verifies these; the sized drafts one after another.
+    at = 0
+    for r in range(live):
+        s, n = slots[r], lengths[r]
+        state[s, VERIFIED], state[s, ACTIVE] = n, 1
+        kept[at : at + n] = drafts[r, :n]
+        at += n
+    return live, True, continued, context

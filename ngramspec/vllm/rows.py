@@ -1,0 +1,154 @@
+"""Rows of vLLM's persistent batch -> ngramspec session slots: :class:`RowSessions`, and the
+compiled spot checks that a row still holds its slot's request (O(1) per row, never by
+reading the whole context). References of the kernels: ``tests/reference_rows.py``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+from numba import njit
+
+from ..draft.sessions import ACTIVE, LENGTH, STAMP, SessionTable
+from ..draft.speculator import NgramSpeculator
+
+# Spot checks that a row still holds a session's request: its first HEAD tokens, the last
+# TAIL tokens the session has seen, and PROBES positions drawn at random each step. Together
+# they cost O(1) per row, yet a session never drafts for a row whose text it does not prefix
+# for long (a random probe catches any persistent difference sooner or later).
+HEAD, TAIL, PROBES = 16, 32, 8
+
+
+class RowSessions:
+    """Rows of vLLM's persistent batch -> slots of a :class:`~ngramspec.draft.sessions.SessionTable`.
+
+    Each step, a row keeps the slot it had if the spot checks pass (one compiled call checks
+    every row); otherwise it takes the moved or idle slot whose text it continues (looked up by
+    its first tokens), or a new slot indexes its whole text once (a new request, or one whose
+    slot was evicted). Slots no row took go idle: their output joins the speculator's history
+    (if enabled) and a preempted request comes back to its slot. At most ``max_idle`` idle
+    slots holding ``max_idle_tokens`` tokens in all are kept, oldest evicted first, so memory
+    stays bounded under a server that runs for months.
+    """
+
+    def __init__(self, speculator: NgramSpeculator, max_idle: int = 64, max_idle_tokens: int = 1_000_000,
+                 seed: int = 0):
+        self.speculator = speculator
+        self.table = SessionTable(speculator.config, speculator.history, pool=speculator.pool)
+        self.max_idle, self.max_idle_tokens = max_idle, max_idle_tokens
+        self.idle_tokens = 0
+        self.rows = np.zeros(0, dtype=np.int64)  # row index -> its slot in the last step (-1: none)
+        self.active = np.zeros(0, dtype=np.int64)  # the last step's slots
+        self.idle: OrderedDict[int, None] = OrderedDict()  # idle slots, oldest first
+        self.rng = np.random.default_rng(seed)
+        self.created = 0  # slots built from a row's whole text
+        self.steps = 0
+        self.continued = 0  # rows of the latest step that also ran in the one before (see step)
+
+    def length(self, slot: int) -> int:
+        """Tokens slot ``slot`` has indexed."""
+        return int(self.table.state[slot, LENGTH])
+
+    def step(self, token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Match every decoding row (``rows`` (A,) indices into ``token_ids``, row r's text
+        ``token_ids[rows[r], :ends[r]]``) to a slot; returns the slots (A,). The slots extend
+        with their rows' new tokens when they draft (:func:`propose_rows`)."""
+        count = rows.shape[0]
+        uniforms = self.rng.random((count, PROBES))  # every row's probes in one draw
+        had = np.full(count, -1, dtype=np.int64)
+        known = rows < self.rows.shape[0]
+        had[known] = self.rows[rows[known]]
+        slots = np.where(check_rows(token_ids, rows, ends, had, self.table.streams, self.table.state, uniforms),
+                         had, -1)
+        moved = np.flatnonzero(slots < 0)
+        if moved.size:  # new, moved or preempted requests: one compiled lookup each
+            candidates = np.concatenate([self.active, np.fromiter(self.idle, dtype=np.int64, count=len(self.idle))])
+            taken = np.zeros(self.table.state.shape[0], dtype=np.bool_)
+            taken[slots[slots >= 0]] = True
+            for r in moved.tolist():
+                slot = find_slot(token_ids[rows[r], : ends[r]], candidates, had[r], taken, self.table.streams,
+                                 self.table.state, uniforms[r])
+                if slot < 0:
+                    slot = self.table.new(int(ends[r]))
+                    self.created += 1
+                elif slot in self.idle:  # a preempted request is back
+                    del self.idle[slot]
+                    self.idle_tokens -= self.length(slot)
+                if slot < taken.shape[0]:  # (a new slot may lie past it: never a candidate)
+                    taken[slot] = True
+                slots[r] = slot
+        state = self.table.state
+        continued = int(state[slots, ACTIVE].sum())  # its last draft was verified unless it was idle
+        self.steps += 1
+        state[slots, STAMP] = self.steps
+        left = self.active[state[self.active, STAMP] != self.steps]
+        for s in left.tolist():  # finished (or preempted: it may come back)
+            self.table.finish(s)  # its output joins the history once, however often it goes idle
+            state[s, ACTIVE] = 0
+            self.idle[s] = None
+            self.idle_tokens += self.length(s)
+        while self.idle and (len(self.idle) > self.max_idle or self.idle_tokens > self.max_idle_tokens):
+            s, _ = self.idle.popitem(last=False)
+            self.idle_tokens -= self.length(s)
+            self.table.release(s)
+        self.rows = np.full(int(rows.max(initial=-1)) + 1, -1, dtype=np.int64)
+        self.rows[rows] = slots
+        # Rows that ran in the last step with the slot they have now, when no row left.
+        self.continued = continued if self.active.shape[0] == count else 0
+        self.active = slots
+        return slots
+
+    def same_rows(self, continued: int) -> None:
+        """A step in which every row kept its slot and no slot left (the proposer's usual step,
+        matched, stamped and drafted in one compiled call): what :meth:`step` notes of it."""
+        self.steps += 1
+        self.continued = continued
+
+
+@njit(cache=True)
+def check_rows(token_ids, rows, ends, slots, streams, state, uniforms):
+    """:func:`spot_check` for every row r against slot ``slots[r]`` (-1: none, False); True
+    where row r continues its slot's text."""
+    ok = np.zeros(rows.shape[0], dtype=np.bool_)
+    for r in range(rows.shape[0]):
+        s = slots[r]
+        if s < 0:
+            continue
+        ok[r] = spot_check(streams[s], token_ids[rows[r], : ends[r]], state[s, LENGTH], uniforms[r])
+    return ok
+
+
+@njit(cache=True)
+def find_slot(row, candidates, excluded, taken, streams, state, uniforms):
+    """The first slot of ``candidates`` whose text ``row`` continues (:func:`spot_check`, and
+    the same first HEAD tokens, as many of them), skipping ``excluded`` (the slot the row just
+    failed its check against: it would fail again) and slots marked in ``taken``; -1 if none.
+    Reference: ``tests/reference_rows.py``."""
+    head = min(HEAD, row.shape[0])
+    for s in candidates:
+        if s != excluded and not taken[s] and min(HEAD, state[s, LENGTH]) == head \
+                and spot_check(streams[s], row, state[s, LENGTH], uniforms):
+            return s
+    return -1
+
+
+@njit(cache=True)
+def spot_check(stream, row, seen, uniforms):
+    """Do ``stream[:seen]`` and ``row`` agree on the first HEAD and last TAIL positions of
+    ``stream[:seen]`` and at ``int(u * seen)`` for each u in ``uniforms``? (One compiled call per
+    row: numpy would take a few calls and microseconds each.) False where ``stream`` holds no
+    tokens or more than ``row``. Reference: ``tests/reference_rows.py``."""
+    if seen == 0 or seen > row.shape[0]:
+        return False
+    for k in range(min(HEAD, seen)):
+        if stream[k] != row[k]:
+            return False
+    for k in range(max(0, seen - TAIL), seen):
+        if stream[k] != row[k]:
+            return False
+    for u in uniforms:
+        k = min(int(u * seen), seen - 1)
+        if stream[k] != row[k]:
+            return False
+    return True
