@@ -72,7 +72,7 @@ def oracle_replay(prompt_ids, output_ids, cost, max_draft: int = ORACLE_MAX_DRAF
 def truth_sized_replay(session, output_ids, cost) -> tuple[int, int, float]:
     """(new tokens, target forwards, total verify cost) when ``session`` (an ngramspec session
     started on the trace's prompt) drafts as usual but each draft is cut to what the target
-    accepts (the replay loop of :func:`ngramspec.replay.replay`, with the truth sizing)."""
+    accepts (the replay loop of :func:`ngramspec.draft.replay.replay`, with the truth sizing)."""
     output = np.asarray(output_ids, dtype=np.int32)
     n = len(output)
     if n == 0:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ngramspec.verify import accepted_length
+from ngramspec.draft.walk import accepted_length
 
 DIMS = 64  # projected state size: 128 bytes a position in fp16
 MAX_MATCH = 8  # longest suffix match compared when listing candidate sources

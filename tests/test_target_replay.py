@@ -10,7 +10,7 @@ import torch
 from eval import target
 from eval.replay import replay_all
 from ngramspec import NgramSpeculator
-from ngramspec.costs import DEFAULT_CPU_CURVE
+from ngramspec.cost.curves import DEFAULT_CPU_CURVE
 
 from conftest import call_main, tiny_llama
 
