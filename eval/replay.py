@@ -12,13 +12,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import tasks
-from ngramspec.config import parse_settings
 from ngramspec.costs import DEFAULT_CPU_CURVE, CostCurve
 from ngramspec.files import write_atomic
 from ngramspec.replay import replay
 
 from .drafters import make_drafter
-from .methods import split_methods
+from .methods import REPLAY, MethodSpec, parse_methods
+from .options import add_options, methods_of
 from .oracle import ORACLE_MAX_DRAFT, oracle_replay, truth_sized_replay
 
 
@@ -34,18 +34,20 @@ def _family(dataset: str) -> str:
         return "other"
 
 
-def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eos_token_ids=()) -> dict:
-    """{drafter: {group: totals}} with groups per dataset, per family and "overall"."""
+def replay_all(traces: list[dict], methods, cost: CostCurve, eos_token_ids=()) -> dict:
+    """{method name: {group: totals}} with groups per dataset, per family and "overall"
+    (``methods``: text or parsed, eval/methods.py)."""
     results = {}
-    for name in drafter_names:
+    for method in parse_methods(methods, REPLAY):
+        name = method.name
         groups = defaultdict(lambda: defaultdict(float))
-        kind, _, settings = name.partition(":")
-        oracle, truth_sized = kind == "oracle", kind == "truth-sized"  # upper bounds: see eval/oracle.py
+        oracle, truth_sized = method.kind == "oracle", method.kind == "truth-sized"  # upper bounds: eval/oracle.py
         if oracle:
-            max_draft = int(parse_settings(settings).get("k", ORACLE_MAX_DRAFT))
+            max_draft = method.typed({"k": ORACLE_MAX_DRAFT})["k"]
         else:
-            drafter = make_drafter("ngramspec:" + settings if truth_sized else name, eos_token_ids)
-            if kind == "ngramspec" and "verify_cost" not in name:  # size drafts by the scoring curve
+            drafter = make_drafter(MethodSpec("ngramspec", method.settings) if truth_sized else method,
+                                   eos_token_ids)
+            if method.kind == "ngramspec" and "verify_cost" not in method.values:  # size drafts by the scoring curve
                 drafter = type(drafter)(drafter.config, verify_cost=cost.points)
         for trace in traces:
             if oracle:
@@ -91,7 +93,7 @@ def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eo
 FAMILIES = ("summarization", "rewriting", "code_editing")
 
 
-def summary_table(results: dict, baseline: str = "hf-rule") -> str:
+def summary_table(results: dict, baseline: str = "hf-pld") -> str:
     """One row per drafter: overall MAT and speed-up, and speed-up per family, each also as a
     ratio to ``baseline`` (when it was replayed too)."""
     base = results.get(baseline)
@@ -142,11 +144,26 @@ def markdown(results: dict, cost: CostCurve) -> str:
     return "\n".join(lines)
 
 
+def add_arguments(parser) -> None:
+    add_options(parser, "traces", "methods", "out",
+                methods={"default": "hf-pld,ngram,ngramspec", "type": methods_of(REPLAY),
+                         "help": "comma-separated drafters: hf-pld (transformers' prompt lookup rule: n=2..1, "
+                                 "left-most, 10 tokens, EOS cut), ngram[:min_n=5,max_n=5,k=5] (vLLM's rule: "
+                                 "longest match, earliest occurrence), suffix[:k=24,cached=10000] "
+                                 "(SuffixDecoding; needs .venv-vllm), ngramspec[:settings], oracle[:k=24] (an "
+                                 "upper bound: any earlier copy, exact acceptance, cost-optimal sizes; "
+                                 "eval/oracle.py), truth-sized[:settings] (ngramspec's drafts, each cut to what the "
+                                 "target accepts: the bound of perfect sizing)"},
+                out={"help": "write OUT.md and OUT.json"})
+    parser.add_argument("--cost", default=None, type=CostCurve.parse,
+                        help="verify-cost curve 'q:cost,...' relative to one token (default: the measured CPU curve)")
+    parser.add_argument("--eos", default="2", help="EOS ids for hf-pld's EOS cut (default 2, SmolLM2's)")
+
+
 def main(args) -> int:
     traces = load_traces(args.traces)
-    cost = CostCurve.parse(args.cost) if args.cost else DEFAULT_CPU_CURVE
-    names = split_methods(args.methods)
-    results = replay_all(traces, names, cost, eos_token_ids=tuple(int(t) for t in args.eos.split(",") if t))
+    cost = args.cost or DEFAULT_CPU_CURVE
+    results = replay_all(traces, args.methods, cost, eos_token_ids=tuple(int(t) for t in args.eos.split(",") if t))
     text = markdown(results, cost)
     print(text)
     if args.out:
