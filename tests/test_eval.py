@@ -50,7 +50,7 @@ def test_vllm_rule_takes_the_longest_then_earliest_match():
 
 
 def test_replay_counts_forwards_by_hand():
-    # prompt 1 2 3 4 5 1 2, greedy output 3 4 9 9 (hf-rule):
+    # prompt 1 2 3 4 5 1 2, greedy output 3 4 9 9 (hf-pld):
     # prefill emits 3 (forward 1); suffix "2 3" occurred at 1 -> draft "4 5" (2 = remaining
     # budget 3 - 1); "4" accepted, "5" rejected -> emits 4 9 (forward 2, cost(3) = 2.0);
     # budget 1 left -> no draft, emits 9 (forward 3). MAT 4/3, cost 1 + 2 + 1.
