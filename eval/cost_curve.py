@@ -1,6 +1,6 @@
 """Measure the verify-cost curve: one forward over q tokens relative to one token.
 
-    python -m eval.cost_curve --model default --context 400 --threads 2 --repeats 15
+    python -m eval cost-curve --model default --context 400 --threads 2 --repeats 15
 
 Feeds q random tokens on top of a KV cache of ``--context`` tokens, crops them again, and
 repeats, interleaving all q values so drift hits them alike. Prints the median ratio per q and a
@@ -9,30 +9,28 @@ repeats, interleaving all q values so drift hits them alike. Prints the median r
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 import ngramspec
 from ngramspec.cost.curves import measure_cost_curve
 
+from .options import add_options, ints
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a folder or a hub id")
+
+def add_arguments(parser) -> None:
+    add_options(parser, "model", "threads", threads={"default": 2})
     parser.add_argument("--context", type=int, default=400, help="tokens already in the KV cache")
-    parser.add_argument("--qs", default="1,2,3,4,5,6,8,10,12,16", help="comma-separated verify sizes (must include 1)")
+    parser.add_argument("--qs", type=ints, default="1,2,3,4,5,6,8,10,12,16",
+                        help="comma-separated verify sizes (must include 1)")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    args = parser.parse_args(argv)
-    qs = sorted({int(q) for q in args.qs.split(",")})
+
+
+def main(args) -> int:
+    qs = sorted(set(args.qs))
     if qs[0] != 1:
-        parser.error("--qs must include 1 (the baseline)")
+        raise ValueError("--qs must include 1 (the baseline)")
     torch.set_num_threads(args.threads)
-    try:
-        model, _ = ngramspec.load_model(args.model)
-    except (ValueError, ngramspec.ModelNotFoundError) as err:
-        parser.exit(2, f"error: {err}\n")
+    model, _ = ngramspec.load_model(args.model)
     curve = measure_cost_curve(model, args.context, qs, args.repeats)
     base = curve.pop(0)
     print(f"model {args.model}, device {next(model.parameters()).device}, torch threads {torch.get_num_threads()}, "
@@ -41,7 +39,3 @@ def main(argv=None) -> int:
         print(f"  q={q:3d}  {ratio:.2f}x")
     print("verify_cost=" + ",".join(f"{q}:{r:.2f}" for q, r in curve.items()))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -14,6 +14,8 @@ import numpy as np
 
 from ngramspec import NgramSpeculator, SpeculatorConfig
 
+from .options import add_options, ints
+
 
 def drafter_us_per_step(config: SpeculatorConfig, context: int, steps: int = 2000, seed: int = 0) -> float:
     """Median microseconds of one propose() + extend(2 tokens) after ``context`` tokens."""
@@ -37,9 +39,15 @@ def drafter_us_per_step(config: SpeculatorConfig, context: int, steps: int = 200
     return statistics.median(times) * 1e6
 
 
+def add_arguments(parser) -> None:
+    parser.add_argument("--contexts", type=ints, default="1000,16000,128000", help="comma-separated context lengths")
+    parser.add_argument("--steps", type=int, default=2000, help="timed steps per context")
+    add_options(parser, "settings")
+
+
 def main(args) -> int:
     config = SpeculatorConfig.from_overrides(args.settings or "")
     print(f"drafter cost per step (propose + extend, median of {args.steps}); {config}")
-    for context in (int(c) for c in args.contexts.split(",")):
+    for context in args.contexts:
         print(f"  context {context:>7,} tokens: {drafter_us_per_step(config, context, args.steps):6.2f} us")
     return 0

@@ -5,13 +5,14 @@ judged on the same traces. Plain Python on purpose: these are references, not fa
 - transformers' prompt lookup (``PromptLookupCandidateGenerator``): n from 2 down to 1; scan
   the whole sequence left to right; the LEFT-MOST match whose continuation is non-empty wins;
   propose up to 10 tokens, never past the end of the text; drop candidates from the first EOS.
-- vLLM's n-gram proposer: the LONGEST suffix match with n in [min_n, max_n], at its EARLIEST
-  occurrence; propose up to k tokens, never past the end of the text.
+- vLLM's n-gram proposer (``ngram``): the LONGEST suffix match with n in [min_n, max_n], at its
+  EARLIEST occurrence; propose up to k tokens, never past the end of the text (vLLM's defaults:
+  n=5 only, k=5).
 - SuffixDecoding (arctic-inference, vLLM's ``suffix`` method), driven exactly as vLLM 0.32
   drives it, with its defaults there: tree depth 24, up to k=24 tokens, spec factor 1.0, min
-  token probability 0.1. ``suffix`` keeps no cache across requests (``max_cached_requests=0``);
-  ``suffix-global`` keeps vLLM's default 10,000 earlier responses, shared by the traces replayed
-  in order. Needs arctic-inference (``make setup-vllm`` builds it into .venv-vllm).
+  token probability 0.1, and vLLM's cache of 10,000 earlier responses, shared by the traces
+  replayed in order (``suffix:cached=0`` keeps none across requests). Needs arctic-inference
+  (``make setup-vllm`` builds it into .venv-vllm).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class HFPromptLookupSession:
 
 
 class VLLMNgramSession:
-    def __init__(self, prompt_ids, min_n: int = 1, max_n: int = 4, k: int = 5):
+    def __init__(self, prompt_ids, min_n: int = 5, max_n: int = 5, k: int = 5):
         self.tokens = [int(t) for t in prompt_ids]
         self.min_n, self.max_n, self.k = min_n, max_n, k
 
@@ -68,7 +69,7 @@ class SuffixDecodingDrafter:
     """``start(prompt_ids)`` factory over one SuffixDecodingCache (the peer, not vendored)."""
 
     def __init__(self, k: int = 24, depth: int = 24, factor: float = 1.0, min_prob: float = 0.1,
-                 cached: int = 0):
+                 cached: int = 10000):
         try:
             from arctic_inference.suffix_decoding import SuffixDecodingCache
         except ImportError as err:
@@ -141,23 +142,19 @@ class _Tokens:
         return int(self.tokens.shape[0])
 
 
-def make_drafter(text: str, eos_token_ids=()):
-    """``hf-rule``, ``vllm-rule[:min_n=1,max_n=4,k=5]``, ``suffix[:k=24]``, ``suffix-global[:k=24]``,
+def make_drafter(method, eos_token_ids=()):
+    """A ``start(prompt_ids)`` factory for a replay method (eval/methods.py, text or parsed):
+    ``hf-pld``, ``ngram[:min_n=5,max_n=5,k=5]``, ``suffix[:k=24,cached=10000,...]``,
     ``ngramspec[:settings]``."""
     from ngramspec import NgramSpeculator, SpeculatorConfig
-    from ngramspec.draft.config import parse_settings
 
-    name, _, settings = text.partition(":")
-    if name == "hf-rule":
+    from .methods import NGRAM_DEFAULTS, parse_method
+
+    spec = parse_method(method, ("hf-pld", "ngram", "suffix", "ngramspec")) if isinstance(method, str) else method
+    if spec.kind == "hf-pld":
         return ReferenceDrafter(HFPromptLookupSession, eos_token_ids=tuple(eos_token_ids))
-    if name == "vllm-rule":
-        values = parse_settings(settings)
-        return ReferenceDrafter(VLLMNgramSession, **{k: int(v) for k, v in values.items()})
-    if name in ("suffix", "suffix-global"):
-        values = {k: float(v) for k, v in parse_settings(settings).items()}
-        k = int(values.pop("k", 24))
-        return SuffixDecodingDrafter(k=k, cached=10000 if name == "suffix-global" else 0, **values)
-    if name == "ngramspec":
-        return NgramSpeculator(SpeculatorConfig.from_overrides(settings))
-    raise ValueError(f"unknown drafter {text!r}: use hf-rule, vllm-rule[:min_n=..,max_n=..,k=..], suffix[:k=..], "
-                     "suffix-global[:k=..], ngramspec[:settings]")
+    if spec.kind == "ngram":
+        return ReferenceDrafter(VLLMNgramSession, **spec.typed(NGRAM_DEFAULTS))
+    if spec.kind == "suffix":
+        return SuffixDecodingDrafter(**spec.typed())
+    return NgramSpeculator(SpeculatorConfig.from_overrides(spec.settings))

@@ -6,7 +6,7 @@
 #
 #   1. image            GPU machine: its Python and installed distributions -> $OUT/image.json
 #   2. prepare IMAGE    here (package registry, default model, ../shared/data): pip's resolver run
-#                       against IMAGE picks the wheels the image lacks (eval/gpu_payload.py); with
+#                       against IMAGE picks the wheels the image lacks (python -m eval gpu-payload); with
 #                       the first $LIMIT items of every set and the model's GGUF they are packed and
 #                       split into pieces of 48 MiB: .gpu/payload/piece.*
 #   3. place PIECE      GPU machine, once per piece: copies it under /tmp/ngramspec-gpu/
@@ -36,7 +36,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 image() {
   mkdir -p "$OUT"
-  "$PY" -m eval.gpu_payload image "$OUT/image.json"
+  "$PY" -m eval gpu-payload image "$OUT/image.json"
   "$PY" -c "import json, sys; d = json.load(open(sys.argv[1])); print('python', d['python'], '|',
     ', '.join(f\"{k} {d['dists'][k]['version']}\" for k in ('torch', 'transformers', 'numba', 'numpy') if k in d['dists']))" \
     "$OUT/image.json"
@@ -46,7 +46,7 @@ prepare() {
   local held=${1:?usage: prepare IMAGE.json (written by the image step on the GPU machine)}
   local local_py=${LOCAL_PYTHON:-.venv/bin/python}
   rm -rf .gpu/payload .gpu/pack && mkdir -p .gpu/pack/data .gpu/payload
-  "$local_py" -m eval.gpu_payload resolve "$held" .gpu/pack
+  "$local_py" -m eval gpu-payload resolve "$held" .gpu/pack
   # The items, in the shared data layout, read on the GPU machine through NGRAMSPEC_DATA.
   "$local_py" - "$LIMIT" <<'PYEOF'
 import json, sys

@@ -1,16 +1,18 @@
 """The GPU check's payload: what a GPU machine without network access needs, resolved against
 what its image already holds (``eval/gpu_check.sh`` drives it; see its header).
 
-    python -m eval.gpu_payload image OUT.json      on the GPU machine: its Python, platform and
+    python -m eval gpu-payload image OUT.json     on the GPU machine: its Python, platform and
                                                   installed distributions with their requirements
-    python -m eval.gpu_payload resolve IMAGE.json DIR
+    python -m eval gpu-payload resolve IMAGE.json DIR [--transformers VERSION]
                                                   here: pip's resolver, run against stand-ins of
                                                   the image's distributions, names what the image
                                                   lacks; those wheels are downloaded into DIR/whl
+                                                  (transformers: the version installed here)
 
 A stand-in is a ``.dist-info`` folder holding only the name, the version and the requirements:
 pip treats it as installed, so a requirement the image meets is left alone (its torch, CUDA
 libraries, numpy...) and only what is missing or too old is downloaded, for the image's Python.
+Only the standard library is imported: the image step runs before anything is installed.
 """
 
 from __future__ import annotations
@@ -111,24 +113,26 @@ def resolve(held: dict, out: Path, transformers: str) -> list[str]:
     return needed
 
 
-def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["image"] and len(args) == 2:
-        Path(args[1]).write_text(json.dumps(image(), indent=1))
+def add_arguments(parser) -> None:
+    steps = parser.add_subparsers(dest="step", required=True, metavar="STEP")
+    image_step = steps.add_parser("image", help="on the GPU machine: its Python and distributions -> OUT.json")
+    image_step.add_argument("out", metavar="OUT.json")
+    resolve_step = steps.add_parser("resolve", help="here: the wheels the image lacks, downloaded into DIR/whl")
+    resolve_step.add_argument("image", metavar="IMAGE.json")
+    resolve_step.add_argument("dir", metavar="DIR")
+    resolve_step.add_argument("--transformers", default=None,
+                              help="the transformers version to install (default: the one installed here)")
+
+
+def main(args) -> int:
+    if args.step == "image":
+        Path(args.out).write_text(json.dumps(image(), indent=1))
         return 0
-    if args[:1] == ["resolve"] and len(args) in (3, 4):
-        held = json.loads(Path(args[1]).read_text())
-        from importlib.metadata import version
+    held = json.loads(Path(args.image).read_text())
+    from importlib.metadata import version
 
-        transformers = args[3] if len(args) == 4 else version("transformers")
-        needed = resolve(held, Path(args[2]), transformers)
-        (Path(args[2]) / "needed.txt").write_text("".join(f"{n}\n" for n in needed))
-        print(f"the image (Python {held['python']}, {len(held['dists'])} distributions) lacks {len(needed)}: "
-              + (" ".join(needed) or "nothing"))
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    needed = resolve(held, Path(args.dir), args.transformers or version("transformers"))
+    (Path(args.dir) / "needed.txt").write_text("".join(f"{n}\n" for n in needed))
+    print(f"the image (Python {held['python']}, {len(held['dists'])} distributions) lacks {len(needed)}: "
+          + (" ".join(needed) or "nothing"))
+    return 0

@@ -1,16 +1,15 @@
 """Verify cost inside real decoding: forward time per verify size q, relative to greedy's step.
 
-    python -m eval.insitu_cost --tasks humanevalfix,quixbugs,editeval_instructcoder,jfleg --limit 3
+    python -m eval insitu-cost --tasks humanevalfix,quixbugs,editeval_instructcoder,jfleg --limit 3
 
 Runs each item with plain greedy and with ngramspec (default settings, 256 new tokens), times
 every model forward with hooks, and prints the median forward time for each q that ngramspec
 verified, relative to the median one-token forward of greedy decoding on the same items. A
-check of the isolated measurement in ``eval/cost_curve.py`` (which the default curve comes from).
+check of the isolated measurement of ``python -m eval cost-curve`` (which the default curve comes from).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections import defaultdict
@@ -21,19 +20,17 @@ import ngramspec
 import tasks
 from ngramspec import NgramSpeculator
 
+from .options import add_options
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a folder or a hub id")
-    parser.add_argument("--tasks", default="humanevalfix,quixbugs,editeval_instructcoder,jfleg")
-    parser.add_argument("--limit", type=int, default=3, help="items per set")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    args = parser.parse_args(argv)
-    names = [n.strip() for n in args.tasks.split(",") if n.strip()]
-    unknown = [n for n in names if n not in tasks.TASKS]
-    if unknown:
-        parser.exit(2, f"error: unknown tasks {unknown}; known: {', '.join(tasks.TASKS)}\n")
+
+def add_arguments(parser) -> None:
+    add_options(parser, "model", "tasks", "limit", "max_new_tokens", "data_dir", "threads",
+                tasks={"default": "humanevalfix,quixbugs,editeval_instructcoder,jfleg"}, limit={"default": 3},
+                threads={"default": 2})
+
+
+def main(args) -> int:
+    names = args.tasks
     torch.set_num_threads(args.threads)
     model, tokenizer = ngramspec.load_model(args.model)
     times = {"greedy": defaultdict(list), "ngramspec": defaultdict(list)}
@@ -51,7 +48,7 @@ def main(argv=None) -> int:
     model.register_forward_hook(after, with_kwargs=True)
     spec = NgramSpeculator()
     for name in names:
-        for item in tasks.load_items(name, limit=args.limit):
+        for item in tasks.load_items(name, data_dir=args.data_dir, limit=args.limit):
             ids = torch.tensor([tasks.prompt_ids(tokenizer, item)])
             for method in ("greedy", "ngramspec"):
                 now["method"], now["prefill"] = method, True
@@ -64,7 +61,3 @@ def main(argv=None) -> int:
         t = times["ngramspec"][q]
         print(f"  q={q:3d}  steps {len(t):5d}  median {statistics.median(t) / base:.2f}x")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

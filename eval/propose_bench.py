@@ -1,4 +1,4 @@
-"""`python -m eval.propose_bench`: drafting time per vLLM engine step, ngramspec's ``Proposer``
+"""`python -m eval propose-bench`: drafting time per vLLM engine step, ngramspec's ``Proposer``
 against vLLM's own n-gram proposer, on the same rows, outside the engine.
 
 Rows are the greedy traces' prompt + output (``../shared/traces``), each advancing 2 tokens per
@@ -8,14 +8,13 @@ ngramspec's sessions: a new request's text is indexed once; the mean also counts
 occasional refit of the step cost). vLLM's proposer runs where vLLM is installed
 (``.venv-vllm``); elsewhere only ngramspec is timed.
 
-    .venv-vllm/bin/python -m eval.propose_bench --rows 1,16,64,256
-    .venv-vllm/bin/python -m eval.propose_bench --row-tokens 1500   # rows as long as 1.5k-token documents
-    .venv-vllm/bin/python -m eval.propose_bench --turnover 30       # requests come and go, as on a server
+    .venv-vllm/bin/python -m eval propose-bench --rows 1,16,64,256
+    .venv-vllm/bin/python -m eval propose-bench --row-tokens 1500   # rows as long as 1.5k-token documents
+    .venv-vllm/bin/python -m eval propose-bench --turnover 30       # requests come and go, as on a server
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -24,7 +23,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "smollm2_shared_greedy.jsonl"
+from .options import add_options, ints
+
 MAX_MODEL_LEN = 8192
 ADVANCE = 2  # tokens each row emits per step
 
@@ -95,24 +95,25 @@ def joined(pool: list[np.ndarray], tokens: int) -> list[np.ndarray]:
     return rows
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", default="1,16,64,256", help="batch sizes (comma-separated)")
+def add_arguments(parser) -> None:
+    add_options(parser, "traces")
+    parser.add_argument("--rows", type=ints, default="1,16,64,256", help="batch sizes (comma-separated)")
     parser.add_argument("--k", type=int, default=16, help="num_speculative_tokens (default 16)")
     parser.add_argument("--steps", type=int, default=100, help="timed steps per batch size (default 100)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
-    parser.add_argument("--traces", type=Path, default=TRACES, help="greedy traces (JSONL with prompt_ids, output_ids)")
     parser.add_argument("--row-tokens", type=int, default=0,
                         help="make every row this long by joining consecutive traces (default 0: one trace per "
                              "row, ~470 tokens); vLLM's proposer rescans each row's text every step")
     parser.add_argument("--turnover", type=int, default=0,
                         help="every row's request is replaced by a new one every this many steps, rows "
                              "staggered (default 0: the same requests throughout)")
-    args = parser.parse_args(argv)
+
+
+def main(args) -> int:
     if not 0 <= args.turnover <= args.steps:
-        parser.error(f"--turnover must be in [0, --steps={args.steps}]")
+        raise ValueError(f"--turnover must be in [0, --steps={args.steps}]")
     if args.row_tokens < 0 or args.row_tokens > MAX_MODEL_LEN:
-        parser.error(f"--row-tokens must be in [0, {MAX_MODEL_LEN}]")
+        raise ValueError(f"--row-tokens must be in [0, {MAX_MODEL_LEN}]")
 
     from ngramspec.vllm import Proposer
 
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
           + (f"; each request replaced by a new one every {args.turnover} steps" if args.turnover else ""))
     print("| rows | median: vLLM ngram | ngramspec | ratio | mean: vLLM ngram | ngramspec | ratio |")
     print("|---|---|---|---|---|---|---|")
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in args.rows:
         texts = [pool[i % len(pool)] for i in range(rows)]
         proposers = [Proposer(vllm_config(args.k, rows, 1, 6)).propose]
         if NgramProposer is not None:
@@ -142,7 +143,3 @@ def main(argv=None) -> int:
             cells += [f"{peer[at]:.3f}" if peer else "-", f"{ms[at]:.3f}", f"{ms[at] / peer[at]:.2f}x" if peer else "-"]
         print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -26,7 +26,6 @@ bound or the loop stop, or kept by the similarity floor and the growth limit.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import io
 import json
@@ -38,6 +37,8 @@ import tokenize
 from pathlib import Path
 
 from ngramspec.app.guard import parses_as_python
+
+from .options import add_options
 
 INSTRUCTIONS = {
     "code": "Fix the spelling mistakes in the comments and docstrings. Change nothing else.",
@@ -345,21 +346,18 @@ def bounds(args) -> int:
     return 0
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("realdocs", help="real documents: typos fixed, guard, parse, speed-up",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="writes OUT.md (table) and OUT.jsonl (rows)")
-    p.add_argument("--model", default="default", help="'default', a local folder or a hub id")
-    p.add_argument("--limit", type=int, default=sum(GROUPS.values()), help="documents (default: all 30)")
+def add_arguments(p) -> None:
+    add_options(p, "out", "model", "limit",
+                out={"required": True, "help": "writes OUT.md (table) and OUT.jsonl (rows)"},
+                limit={"default": sum(GROUPS.values()), "help": "documents (default: all %(default)s)"})
     p.add_argument("--chars", type=int, default=2500, help="excerpt length, characters (default 2500)")
     p.add_argument("--seed", type=int, default=0, help="which documents and typos (default 0)")
     p.add_argument("--chunk-tokens", type=int, default=None, help="chunk size (default: the CLI's)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain greedy run (no speed-up column)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--resume", action="store_true", help="skip documents already in OUT.jsonl")
     p.add_argument("--bounds", action="store_true", help="the guard's rules on the shared sets' references instead")
-    p.add_argument("--data-dir", default=None, help="shared data directory (for --bounds)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_options(p, "threads", "data_dir", "quiet", threads={"help": "torch CPU threads (default: torch's choice)"},
+                data_dir={"help": "shared data directory (for --bounds)"})
 
 
 def main(args) -> int:

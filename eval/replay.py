@@ -13,12 +13,12 @@ from pathlib import Path
 
 import tasks
 from ngramspec.cost.curves import DEFAULT_CPU_CURVE, CostCurve
-from ngramspec.draft.config import parse_settings
 from ngramspec.draft.replay import replay
 from ngramspec.util.files import write_atomic
 
 from .drafters import make_drafter
-from .methods import split_methods
+from .methods import REPLAY, MethodSpec, parse_methods
+from .options import add_options, methods_of
 from .oracle import ORACLE_MAX_DRAFT, oracle_replay, truth_sized_replay
 
 
@@ -34,32 +34,32 @@ def _family(dataset: str) -> str:
         return "other"
 
 
-def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eos_token_ids=(), views=None,
-               learned=None) -> dict:
-    """{drafter: {group: totals}} with groups per dataset, per family and "overall".
-    ``views``: the target's features per trace (:func:`eval.target.capture`), for the
-    ``ngramspec+LEAD`` methods; ``learned`` gets each such method's acceptance model."""
+def replay_all(traces: list[dict], methods, cost: CostCurve, eos_token_ids=(), views=None, learned=None) -> dict:
+    """{method name: {group: totals}} with groups per dataset, per family and "overall"
+    (``methods``: text or parsed, eval/methods.py). ``views``: the target's features per trace
+    (:func:`eval.target.capture`), for the ``ngramspec+LEAD`` methods; ``learned`` gets each
+    such method's acceptance model."""
     results = {}
-    for name in drafter_names:
+    for method in parse_methods(methods, REPLAY):
+        name = method.name
         groups = defaultdict(lambda: defaultdict(float))
-        kind, _, settings = name.partition(":")
-        oracle, truth_sized = kind == "oracle", kind == "truth-sized"  # upper bounds: see eval/oracle.py
+        oracle, truth_sized = method.kind == "oracle", method.kind == "truth-sized"  # upper bounds: eval/oracle.py
         leads, acceptance_model = (), None
-        if "+" in kind:
+        if "+" in method.kind:
             from .target import AcceptanceModel, parse_method
 
             if views is None:
                 raise ValueError(f"{name}: the target-aware methods need the target's features: give --model")
             _, leads = parse_method(name)
-            kind = "ngramspec"
             acceptance_model = AcceptanceModel()
             if learned is not None:
                 learned[name] = acceptance_model
         if oracle:
-            max_draft = int(parse_settings(settings).get("k", ORACLE_MAX_DRAFT))
+            max_draft = method.typed({"k": ORACLE_MAX_DRAFT})["k"]
         else:
-            drafter = make_drafter("ngramspec:" + settings if truth_sized or leads else name, eos_token_ids)
-            if kind == "ngramspec" and "verify_cost" not in name:  # size drafts by the scoring curve
+            drafter = make_drafter(MethodSpec("ngramspec", method.settings) if truth_sized or leads else method,
+                                   eos_token_ids)
+            if method.kind.startswith("ngramspec") and "verify_cost" not in method.values:  # size by the scoring curve
                 drafter = type(drafter)(drafter.config, verify_cost=cost.points)
         for number, trace in enumerate(traces):
             if oracle:
@@ -110,7 +110,7 @@ def replay_all(traces: list[dict], drafter_names: list[str], cost: CostCurve, eo
 FAMILIES = ("summarization", "rewriting", "code_editing")
 
 
-def summary_table(results: dict, baseline: str = "hf-rule") -> str:
+def summary_table(results: dict, baseline: str = "hf-pld") -> str:
     """One row per drafter: overall MAT and speed-up, and speed-up per family, each also as a
     ratio to ``baseline`` (when it was replayed too)."""
     base = results.get(baseline)
@@ -161,10 +161,31 @@ def markdown(results: dict, cost: CostCurve) -> str:
     return "\n".join(lines)
 
 
+def add_arguments(parser) -> None:
+    add_options(parser, "traces", "methods", "out",
+                methods={"default": "hf-pld,ngram,ngramspec", "type": methods_of(REPLAY),
+                         "help": "comma-separated drafters: hf-pld (transformers' prompt lookup rule: n=2..1, "
+                                 "left-most, 10 tokens, EOS cut), ngram[:min_n=5,max_n=5,k=5] (vLLM's rule: "
+                                 "longest match, earliest occurrence), suffix[:k=24,cached=10000] "
+                                 "(SuffixDecoding; needs .venv-vllm), ngramspec[:settings], oracle[:k=24] (an "
+                                 "upper bound: any earlier copy, exact acceptance, cost-optimal sizes; "
+                                 "eval/oracle.py), truth-sized[:settings] (ngramspec's drafts, each cut to what the "
+                                 "target accepts: the bound of perfect sizing)"},
+                out={"help": "write OUT.md and OUT.json"})
+    parser.add_argument("--cost", default=None, type=CostCurve.parse,
+                        help="verify-cost curve 'q:cost,...' relative to one token (default: the measured CPU curve)")
+    parser.add_argument("--eos", default="2", help="EOS ids for hf-pld's EOS cut (default 2, SmolLM2's)")
+    parser.add_argument("--model", default=None,
+                        help="the target in the loop: one teacher-forced forward per trace gives the drafters of "
+                             "ngramspec+source, ngramspec+acceptance (and both) the target's state and confidence "
+                             "at every verified position ('default' or a model folder; see eval/target.py)")
+    parser.add_argument("--states", default=None, help="with --model: an .npz that caches the forwards' features")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def main(args) -> int:
     traces = load_traces(args.traces)
-    cost = CostCurve.parse(args.cost) if args.cost else DEFAULT_CPU_CURVE
-    names = split_methods(args.methods)
+    cost = args.cost or DEFAULT_CPU_CURVE
     views, learned = None, {}
     if getattr(args, "model", None):  # the target in the loop: one teacher-forced forward per trace
         from ngramspec import load_model
@@ -174,7 +195,7 @@ def main(args) -> int:
         model, _ = load_model(args.model)
         views = capture(model, traces, Path(args.states) if args.states else None, quiet=args.quiet)
         del model
-    results = replay_all(traces, names, cost, eos_token_ids=tuple(int(t) for t in args.eos.split(",") if t),
+    results = replay_all(traces, args.methods, cost, eos_token_ids=tuple(int(t) for t in args.eos.split(",") if t),
                          views=views, learned=learned)
     text = markdown(results, cost)
     if "oracle" in results:

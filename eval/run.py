@@ -26,7 +26,8 @@ from ngramspec.app.jobs import start_processes
 from ngramspec.util.files import RecordLog, read_jsonl, write_atomic
 
 from . import report
-from .methods import ForwardCounter, generate, parse_methods
+from .methods import TRANSFORMERS, ForwardCounter, format_methods, generate, transformers_methods
+from .options import add_options, methods_of
 
 RECORDS_GLOB = "items*.jsonl"
 
@@ -57,7 +58,7 @@ def run(model_name, task_names, method_text, limit, max_new_tokens, out_dir, dat
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    methods = parse_methods(method_text)
+    methods = transformers_methods(method_text)
     meta = {
         "model": model_name, "tasks": task_names, "methods": [m.name for m in methods], "limit": limit,
         "max_new_tokens": max_new_tokens, "torch_threads": processes.threads, "processes": world,
@@ -120,3 +121,41 @@ def export_traces(out_dir: Path, path: Path) -> int:
              for r in read_records(out_dir) if r["method"] == "greedy"]
     write_atomic(path, "".join(lines))
     return len(lines)
+
+
+def _common(parser) -> None:
+    add_options(parser, "model", "tasks", "limit", "max_new_tokens", "data_dir", "threads", "quiet",
+                threads={"help": "torch CPU threads per process (default: cores / processes); stated in the report"})
+
+
+def add_arguments(parser) -> None:
+    _common(parser)
+    add_options(parser, "methods", "out",
+                methods={"default": "greedy,hf-pld,ngramspec", "type": methods_of(TRANSFORMERS),
+                         "help": "comma-separated: greedy (always included: the reference), hf-pld "
+                                 "(prompt_lookup_num_tokens=10), ngramspec, ngramspec:name=value,... "
+                                 "(SpeculatorConfig settings, e.g. ngramspec:max_n=4,min_n=1)"},
+                out={"required": True, "help": "run folder (created; an existing one is resumed)"})
+
+
+def main(args) -> int:
+    run(args.model, args.tasks, format_methods(args.methods), args.limit, args.max_new_tokens, args.out,
+        args.data_dir, args.threads, args.quiet, command=args.command_line)
+    print(f"report: {Path(args.out) / 'report.md'}")
+    return 0
+
+
+def add_trace_arguments(parser) -> None:
+    parser.description = ("Record plain greedy outputs as JSONL traces {id, dataset, prompt_ids, output_ids}. "
+                          "Resumable like run (the run folder is OUT.run/).")
+    _common(parser)
+    add_options(parser, "out", out={"required": True, "help": "traces JSONL file to write"})
+
+
+def trace_main(args) -> int:
+    run_dir = Path(args.out + ".run")
+    run(args.model, args.tasks, "greedy", args.limit, args.max_new_tokens, run_dir, args.data_dir,
+        args.threads, args.quiet, command=args.command_line)
+    count = export_traces(run_dir, Path(args.out))
+    print(f"{count} traces written to {args.out}")
+    return 0

@@ -1,9 +1,11 @@
-"""Side-by-side drafters inside one vLLM engine: no speculation, vLLM's ``ngram`` (its default
-n-gram sizes, and k=10 with n 2-5), vLLM's ``suffix`` (SuffixDecoding) and ngramspec.
+"""Side-by-side drafters inside one vLLM engine: ``greedy`` (no speculation), vLLM's ``ngram``
+(its default n-gram sizes, and ``ngram:k=10,min_n=2,max_n=5``), vLLM's ``suffix``
+(SuffixDecoding) and ``ngramspec[:settings]`` (the settings reach its proposer through
+NGRAMSPEC_SETTINGS).
 
-    .venv-vllm/bin/python -m eval.vllm_bench --limit 5 --concurrency 1,16 --out eval/results/vllm_bench
-    .venv-vllm/bin/python -m eval.vllm_bench --limit 2 --concurrency 16 --rounds 3 --prior-scale 2 \
-        --methods none,ngram,suffix,ngramspec --max-tokens 96 --out eval/results/vllm_rounds
+    .venv-vllm/bin/python -m eval vllm-bench --limit 5 --concurrency 1,16 --out eval/results/vllm_bench
+    .venv-vllm/bin/python -m eval vllm-bench --limit 2 --concurrency 16 --rounds 3 --prior-scale 2 \
+        --methods greedy,ngram,suffix,ngramspec --max-new-tokens 96 --out eval/results/vllm_rounds
 
 Same items, prompts and greedy settings for every method; each method runs in its own process
 (one engine each, after an untimed warm-up request). Concurrency 1 sends requests one at a time;
@@ -23,23 +25,39 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .vllm_cost import int_list
+from .methods import VLLM, MethodSpec, parse_method
+from .options import add_options, ints, methods_of
 
 ROOT = Path(__file__).resolve().parents[1]
+METHODS = "greedy,ngram,ngram:k=10,min_n=2,max_n=5,suffix,ngramspec"
+# a method's settings -> vLLM's speculative_config keys (ngramspec's go to its proposer instead)
+VLLM_KEYS = {"ngram": {"k": "num_speculative_tokens", "min_n": "prompt_lookup_min", "max_n": "prompt_lookup_max"},
+             "suffix": {"k": "num_speculative_tokens"}}
 
-# name -> speculative_config (None: no speculation)
-METHODS = {
-    "none": None,
-    "ngram": {"method": "ngram", "num_speculative_tokens": 5},
-    "ngram-k10": {"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
-    "suffix": {"method": "suffix", "num_speculative_tokens": 24},
-    "ngramspec": {"method": "custom_class", "model": "ngramspec.vllm.Proposer", "num_speculative_tokens": 24},
-}
+
+def speculative_config(method: MethodSpec) -> dict | None:
+    """vLLM's speculative_config for a method (None: no speculation); ngram drafts k=5 and
+    suffix k=24 unless told (vLLM's own defaults for the rest)."""
+    if method.kind == "greedy":
+        return None
+    if method.kind == "ngramspec":
+        return {"method": "custom_class", "model": "ngramspec.vllm.Proposer", "num_speculative_tokens": 24}
+    unknown = [k for k in method.values if k not in VLLM_KEYS[method.kind]]
+    if unknown:
+        raise ValueError(f"method {method.name!r}: vllm-bench passes only {', '.join(VLLM_KEYS[method.kind])}")
+    config = {"method": method.kind, "num_speculative_tokens": 5 if method.kind == "ngram" else 24}
+    return config | {VLLM_KEYS[method.kind][k]: int(v) for k, v in method.values.items()}
+
+
+def slug(name: str) -> str:
+    """A method's name as part of a file name."""
+    return re.sub(r"[^\w.-]+", "_", name)
 
 
 def build_items(sets: list[str], limit: int, model_dir: str, data_dir: str | None) -> list[dict]:
@@ -74,8 +92,9 @@ def run_method(method: str, items: list[dict], concurrency: int, max_tokens: int
 
     kwargs = dict(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=max_model_len,
                   max_num_seqs=max(concurrency, 1), disable_log_stats=False)
-    if METHODS[method] is not None:
-        kwargs["speculative_config"] = METHODS[method]
+    config = speculative_config(parse_method(method, VLLM))
+    if config is not None:
+        kwargs["speculative_config"] = config
     llm = LLM(**kwargs)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     prompts = [{"prompt_token_ids": item["prompt_ids"]} for item in items]
@@ -124,7 +143,7 @@ def summarise(runs: dict, items: list[dict]) -> list[dict]:
 
     rows = []
     for (concurrency, method), run in sorted(runs.items()):
-        base = runs[(concurrency, "none")]
+        base = runs[(concurrency, "greedy")]
         families = sorted({item["family"] for item in items}) + ["overall"]
         for family in families:
             picked = [i for i, item in enumerate(items) if family in ("overall", item["family"])]
@@ -135,12 +154,12 @@ def summarise(runs: dict, items: list[dict]) -> list[dict]:
             if run["item_seconds"]:  # concurrency 1: each item timed on its own
                 row["tok_s"] = tokens / sum(run["item_seconds"][i] for i in picked)
                 base_tokens = sum(len(base["outputs"][i]) for i in picked)
-                row["vs_none"] = row["tok_s"] / (base_tokens / sum(base["item_seconds"][i] for i in picked))
+                row["vs_greedy"] = row["tok_s"] / (base_tokens / sum(base["item_seconds"][i] for i in picked))
             if family == "overall":
                 spec = run["spec"]
                 total = sum(len(o) for o in run["outputs"])
                 row["tok_s"] = total / run["seconds"]
-                row["vs_none"] = row["tok_s"] / (sum(len(o) for o in base["outputs"]) / base["seconds"])
+                row["vs_greedy"] = row["tok_s"] / (sum(len(o) for o in base["outputs"]) / base["seconds"])
                 # Every step emits one token plus the draft tokens it accepted.
                 row["mat_all_steps"] = total / max(total - spec["accepted_tokens"], 1)
                 row["mat_drafted_steps"] = 1 + spec["accepted_tokens"] / spec["drafts"] if spec["drafts"] else 1.0
@@ -150,7 +169,7 @@ def summarise(runs: dict, items: list[dict]) -> list[dict]:
                 # speed drifts between them more than the methods differ): the median of each
                 # round's ratio to that round's no-speculation run.
                 base_seconds = base.get("round_seconds", [base["seconds"]])
-                row["vs_none_paired"] = statistics.median(
+                row["vs_greedy_paired"] = statistics.median(
                     b / s for s, b in zip(run.get("round_seconds", [run["seconds"]]), base_seconds))
             rows.append(row)
     return rows
@@ -166,46 +185,44 @@ def family_markdown(rows: list[dict]) -> str:
     for key in dict.fromkeys((r["concurrency"], r["family"]) for r in timed):
         cells = {r["method"]: r for r in timed if (r["concurrency"], r["family"]) == key}
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
-            f"{cells[m]['tok_s']:.1f} ({cells[m]['vs_none']:.2f}x)" if m in cells else "" for m in methods) + " |")
+            f"{cells[m]['tok_s']:.1f} ({cells[m]['vs_greedy']:.2f}x)" if m in cells else "" for m in methods) + " |")
     return "\n".join(lines) + "\n"
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| concurrency | method | tok/s (median) | vs none | vs none, paired by round (median) | each round "
+    lines = ["| concurrency | method | tok/s (median) | vs greedy | vs greedy, paired by round (median) | each round "
              "| MAT (all steps) | MAT (drafted steps) | drafted/draft | identical |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["family"] == "overall":
             each = ", ".join(f"{t:.1f}" for t in r["rounds_tok_s"])
-            paired = f"{r['vs_none_paired']:.3f}x" if "vs_none_paired" in r else "-"
-            lines.append(f"| {r['concurrency']} | {r['method']} | {r['tok_s']:.1f} | {r['vs_none']:.2f}x | "
+            paired = f"{r['vs_greedy_paired']:.3f}x" if "vs_greedy_paired" in r else "-"
+            lines.append(f"| {r['concurrency']} | {r['method']} | {r['tok_s']:.1f} | {r['vs_greedy']:.2f}x | "
                          f"{paired} | {each} | {r['mat_all_steps']:.2f} | {r['mat_drafted_steps']:.2f} | "
                          f"{r['drafted_per_draft']:.1f} | {100 * r['identical']:.0f}% |")
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    import tasks
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sets", default=",".join(tasks.TASKS), help="comma-separated set names (default: all ten)")
-    parser.add_argument("--limit", type=int, default=5, help="items per set")
-    parser.add_argument("--max-tokens", type=int, default=256, help="new tokens per item at most")
-    parser.add_argument("--concurrency", type=int_list, default="1,16", help="comma-separated request concurrencies")
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
+def add_arguments(parser) -> None:
+    add_options(parser, "tasks", "limit", "max_new_tokens", "methods", "model", "data_dir", "out",
+                limit={"default": 5, "help": "items per set (default %(default)s)"},
+                methods={"default": METHODS, "type": methods_of(VLLM),
+                         "help": "comma-separated, of greedy (always included: the reference), ngram[:k=,min_n=,"
+                                 "max_n=], suffix[:k=], ngramspec[:settings] (default %(default)s)"},
+                model={"help": "'default' (the default model's folder) or a model folder"},
+                out={"help": "folder for results.json and results.md"})
+    parser.add_argument("--concurrency", type=ints, default="1,16", help="comma-separated request concurrencies")
     parser.add_argument("--per-family", action="store_true", help="time every family in its own run (slower)")
-    parser.add_argument("--model", default=None, help="model folder (default: the default model)")
-    parser.add_argument("--data-dir", default=None,
-                        help="shared data directory (default: $NGRAMSPEC_DATA or ../shared/data)")
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every method this many times, the order rotated each round; times are medians")
     parser.add_argument("--prior-scale", type=float, default=None,
                         help="start ngramspec from the built-in step cost with its excess cost scaled by this "
                              "(a prior wrong on purpose, as on a machine unlike the one it was measured on)")
-    parser.add_argument("--out", default=None, help="folder for results.json and results.md")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+
+
+def main(args) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default reserves most of RAM
 
     if args.worker:  # one method in this process: read items, write the run
@@ -216,27 +233,25 @@ def main(argv=None) -> int:
         return 0
 
     if args.rounds < 1:
-        parser.error(f"--rounds must be 1 or more, got {args.rounds}")
+        raise ValueError(f"--rounds must be 1 or more, got {args.rounds}")
     if args.prior_scale is not None and not args.prior_scale >= 0:
-        parser.error(f"--prior-scale must be 0 or more, got {args.prior_scale}")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        parser.error(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
-    if "none" not in methods:
-        methods.insert(0, "none")
+        raise ValueError(f"--prior-scale must be 0 or more, got {args.prior_scale}")
+    for method in args.methods:
+        speculative_config(method)  # refuses settings vLLM is not given
+    methods = [m.name for m in args.methods]
+    if "greedy" not in methods:
+        methods.insert(0, "greedy")
     from ngramspec.models import default_model_dir
+    from ngramspec.vllm import SETTINGS_ENV
 
-    model = args.model or str(default_model_dir())
-    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
-    items = build_items(sets, args.limit, model, args.data_dir)
+    model = str(default_model_dir()) if args.model == "default" else args.model
+    items = build_items(args.tasks, args.limit, model, args.data_dir)
     out = Path(args.out) if args.out else Path(os.environ.get("TMPDIR", "/tmp")) / "ngramspec-vllm-bench"
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     groups = [("all", items)] if not args.per_family else \
         [(f, [i for i in items if i["family"] == f]) for f in sorted({i["family"] for i in items})]
-    report = {"command": " ".join([Path(sys.executable).name, "-m", "eval.vllm_bench", *(argv or sys.argv[1:])]),
-              "items": len(items), "rows": []}
+    report = {"command": args.command_line, "items": len(items), "rows": []}
     if args.prior_scale is not None:
         from ngramspec.vllm import COST_FILE_ENV, VLLM_CPU_PRIOR
 
@@ -251,15 +266,17 @@ def main(argv=None) -> int:
             for concurrency in args.concurrency:
                 for method in methods[shift:] + methods[:shift]:  # rotated: drift hits every method alike
                     job = {"method": method, "items": group_items, "concurrency": concurrency,
-                           "max_tokens": args.max_tokens, "model": model, "max_model_len": args.max_model_len,
-                           "result": str(out / f"run-{group}-{method}-c{concurrency}-r{round_index}.json")}
-                    job_path = out / f"job-{group}-{method}-c{concurrency}.json"
+                           "max_tokens": args.max_new_tokens, "model": model, "max_model_len": args.max_model_len,
+                           "result": str(out / f"run-{group}-{slug(method)}-c{concurrency}-r{round_index}.json")}
+                    job_path = out / f"job-{group}-{slug(method)}-c{concurrency}.json"
                     job_path.write_text(json.dumps(job))
                     print(f"[{group}] round {round_index + 1}/{args.rounds}: {method} at concurrency {concurrency}: "
                           f"{len(group_items)} items ...", file=sys.stderr, flush=True)
-                    stats = out / f"proposer-{group}-{method}-c{concurrency}-r{round_index}.json"
-                    subprocess.run([sys.executable, "-m", "eval.vllm_bench", "--worker", str(job_path)], cwd=ROOT,
-                                   env=dict(env, NGRAMSPEC_VLLM_STATS=str(stats)), check=True,
+                    stats = out / f"proposer-{group}-{slug(method)}-c{concurrency}-r{round_index}.json"
+                    settings = method.partition(":")[2] if method.startswith("ngramspec:") else None
+                    subprocess.run([sys.executable, "-m", "eval", "vllm-bench", "--worker", str(job_path)], cwd=ROOT,
+                                   env=dict(env, NGRAMSPEC_VLLM_STATS=str(stats),
+                                            **({SETTINGS_ENV: settings} if settings else {})), check=True,
                                    stdout=subprocess.DEVNULL if not os.environ.get("VERBOSE") else None)
                     runs[(concurrency, method)] = json.loads(Path(job["result"]).read_text())
                     if stats.is_file():  # what ngramspec's proposer learned (ngramspec.vllm.STATS_FILE_ENV)
@@ -281,7 +298,3 @@ def main(argv=None) -> int:
         text += f"### {group}\n\n" + markdown(group_rows) + "\n" + family_markdown(group_rows) + "\n"
     (out / "results.md").write_text(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Measure vLLM's step-cost curve: time of one engine step over N scheduled tokens, relative
 to a one-token step (ngramspec.vllm.VLLM_CPU_PRIOR comes from this).
 
-    .venv-vllm/bin/python -m eval.vllm_cost [--rows 1,4,16] [--context 500,2000] [--model DIR] [--out cost.json]
+    .venv-vllm/bin/python -m eval vllm-cost [--rows 1,4,16] [--context 500,2000] [--model DIR] [--out cost.json]
 
 A stand-in drafter (``FixedDrafts``) proposes random tokens (all rejected, so every step emits
 one token per row and the context grows alike for every length) with lengths cycling through
@@ -11,31 +11,20 @@ sampling, verification, scheduling). Median per total token count N = rows x (1 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .options import add_options, int_list, ints
+
 DRAFT_SCHEDULE = (0, 1, 2, 3, 5, 7, 11, 15, 23, 31)
 LOG_ENV = "NGRAMSPEC_COST_LOG"
 SCHEDULE_ENV = "NGRAMSPEC_COST_DRAFTS"
-
-
-def int_list(text: str) -> tuple[int, ...]:
-    """argparse type for "1,4,16": non-negative integers, or a clean usage error."""
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
-    return values
 
 
 class FixedDrafts:
@@ -89,29 +78,29 @@ def measure(model: str, rows: int, context: int, new_tokens: int, drafts=DRAFT_S
     return {int(n): statistics.median(t) for n, t in samples.items() if len(t) >= 3}
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int_list, default="1,4,16", help="concurrent requests per run (comma-separated)")
-    parser.add_argument("--context", type=int_list, default="500,2000",
+def add_arguments(parser) -> None:
+    parser.add_argument("--rows", type=ints, default="1,4,16", help="concurrent requests per run (comma-separated)")
+    parser.add_argument("--context", type=ints, default="500,2000",
                         help="prompt tokens per request (comma-separated: one curve per context and row count)")
-    parser.add_argument("--new-tokens", type=int, default=160, help="tokens generated per request")
-    parser.add_argument("--drafts", type=int_list, default=",".join(map(str, DRAFT_SCHEDULE)),
+    add_options(parser, "max_new_tokens", "model", "out",
+                max_new_tokens={"default": 160, "help": "tokens generated per request (default %(default)s)"},
+                model={"help": "'default' (the default model's folder) or a model folder"},
+                out={"help": "write the curves as JSON here (what NGRAMSPEC_VLLM_COST reads)"})
+    parser.add_argument("--drafts", type=int_list(0), default=",".join(map(str, DRAFT_SCHEDULE)),
                         help="draft lengths cycled through, step by step")
-    parser.add_argument("--model", default=None, help="model folder (default: the default model)")
-    parser.add_argument("--out", default=None, help="write the curves as JSON here (what NGRAMSPEC_VLLM_COST reads)")
-    args = parser.parse_args(argv)
-    if min(args.rows) < 1 or min(args.context) < 1:
-        parser.error(f"--rows and --context expected integers of 1 or more, got {args.rows} and {args.context}")
+
+
+def main(args) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default reserves most of RAM
     from ngramspec.models import default_model_dir
 
     here = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
-    model = args.model or str(default_model_dir())
+    model = str(default_model_dir()) if args.model == "default" else args.model
     curves = []  # CostPrior's ((rows, context, ((tokens, cost), ...)), ...)
     print("context rows  N  relative cost (to one request's one-token step at that context)")
     for context in args.context:
-        by_rows = {rows: measure(model, rows, context, args.new_tokens, args.drafts) for rows in args.rows}
+        by_rows = {rows: measure(model, rows, context, args.max_new_tokens, args.drafts) for rows in args.rows}
         # Each context's costs are relative to its own plain one-request step: what sizing reads
         # is a step's cost relative to a plain step of the same rows at the same context.
         base = by_rows[min(by_rows)][min(by_rows[min(by_rows)])]
@@ -122,8 +111,7 @@ def main(argv=None) -> None:
             for n, c in points:
                 print(f"{context:7d} {rows:4d} {n:4d}  {c:.3f}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"curves": curves, "args": vars(args)}, indent=1))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        arguments = {k: v for k, v in vars(args).items() if k not in ("run", "command_line")}
+        Path(args.out).write_text(json.dumps({"curves": curves, "args": arguments, "command": args.command_line},
+                                             indent=1))
+    return 0

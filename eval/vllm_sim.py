@@ -1,7 +1,7 @@
-"""`python -m eval.vllm_sim`: vLLM's engine loop at C requests at once, offline, over recorded
+"""`python -m eval vllm-sim`: vLLM's engine loop at C requests at once, offline, over recorded
 greedy traces: every drafter on the same rows and the same step cost, deterministic, in seconds.
 
-    .venv-vllm/bin/python -m eval.vllm_sim --concurrency 16 --max-tokens 96 --prior-scale 2
+    .venv-vllm/bin/python -m eval vllm-sim --concurrency 16 --max-new-tokens 96 --prior-scale 2
 
 Greedy output does not depend on the drafts, so verifying a row's draft is a longest common
 prefix with its trace. Each step: (1) every running row verifies the draft proposed for it
@@ -17,25 +17,26 @@ a prior whose excess cost is S times the built-in one's, and ``--truth-scale T``
 the built-in cost with its excess T times as large (a machine where drafted positions cost more:
 the prior is then T / S times too cheap). The peers draft per request: vLLM's ``ngram``
 rule (its defaults: n=5 only, k=5) and SuffixDecoding with a global cache (vLLM's ``suffix``, k=24).
+Methods are named as everywhere (eval/methods.py): greedy (no drafting), hf-pld, ngram[:settings],
+suffix[:settings], ngramspec[:settings].
 
-Reported per drafter: output tokens per unit of step cost, its ratio to no drafting, MAT (new
-tokens per row-step), drafts, drafted and accepted tokens.
+Reported per drafter: output tokens per unit of step cost, its ratio to greedy (no drafting),
+MAT (new tokens per row-step), drafts, drafted and accepted tokens.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-TRACES = ROOT.parent / "shared" / "traces" / "smollm2_shared_greedy.jsonl"
+from .methods import SIMULATED, parse_method
+from .options import add_options, ints, methods_of
+
 UNIT_SECONDS = 0.01  # a one-token step of one request, on the simulated clock
 
 
@@ -89,14 +90,15 @@ class ProposerRows:
         pass
 
 
-def simulate(traces: list[dict], method: str, concurrency: int, truth, prior_scale: float | None = None) -> dict:
-    """One drafter over ``traces`` (each ``prompt_ids``, ``output_ids``), ``concurrency`` rows at
-    a time; totals of the run."""
+def simulate(traces: list[dict], method, concurrency: int, truth, prior_scale: float | None = None) -> dict:
+    """One drafter (a method, text or parsed) over ``traces`` (each ``prompt_ids``,
+    ``output_ids``), ``concurrency`` rows at a time; totals of the run."""
+    method = parse_method(method, SIMULATED) if isinstance(method, str) else method
     max_len = max(len(t["prompt_ids"]) + len(t["output_ids"]) for t in traces) + 64
     tokens = np.zeros((concurrency, max_len), dtype=np.int32)  # the persistent batch
     count = np.zeros(concurrency, dtype=np.int32)
     now = [0.0]
-    if method == "ngramspec":
+    if method.kind == "ngramspec":
         from ngramspec.vllm import COST_FILE_ENV, VLLM_CPU_PRIOR
 
         saved = os.environ.pop(COST_FILE_ENV, None)
@@ -105,18 +107,17 @@ def simulate(traces: list[dict], method: str, concurrency: int, truth, prior_sca
                 path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ngramspec-sim-prior-{os.getpid()}.json"
                 path.write_text(VLLM_CPU_PRIOR.scaled(prior_scale).to_json())
                 os.environ[COST_FILE_ENV] = str(path)
-            drafter = ProposerRows(24, concurrency, max_len, lambda: now[0])
+            drafter = ProposerRows(24, concurrency, max_len, lambda: now[0], method.settings)
         finally:
             os.environ.pop(COST_FILE_ENV, None)
             if saved is not None:
                 os.environ[COST_FILE_ENV] = saved
-    elif method == "none":
+    elif method.kind == "greedy":
         drafter = None
     else:
         from .drafters import make_drafter
 
-        name = {"ngram": "vllm-rule:min_n=5,max_n=5,k=5", "suffix": "suffix-global:k=24"}.get(method, method)
-        drafter = SessionRows(make_drafter(name), 24)
+        drafter = SessionRows(make_drafter(method), 24)
     queue = deque(enumerate(traces))
     rows: list[dict] = []
     totals = {"tokens": 0, "cost": 0.0, "steps": 0, "row_steps": 0, "drafts": 0, "drafted": 0, "accepted": 0}
@@ -173,57 +174,48 @@ def simulate(traces: list[dict], method: str, concurrency: int, truth, prior_sca
     return totals
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.vllm_sim", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--traces", default=str(TRACES), help="greedy traces (JSONL: prompt_ids, output_ids)")
-    parser.add_argument("--limit", type=int, default=None, help="first N traces (default: all)")
-    parser.add_argument("--max-tokens", type=int, default=96, help="each trace's output cut to this many tokens")
-    parser.add_argument("--concurrency", default="16", help="comma-separated request counts run at once")
-    parser.add_argument("--methods", default="none,ngram,suffix,ngramspec")
+def add_arguments(parser) -> None:
+    add_options(parser, "traces", "limit", "max_new_tokens", "methods", "out",
+                limit={"default": None, "help": "first N traces (default: all)"},
+                max_new_tokens={"default": 96, "help": "each trace's output cut to this many tokens (default 96)"},
+                methods={"default": "greedy,ngram,suffix,ngramspec", "type": methods_of(SIMULATED),
+                         "help": "comma-separated, of greedy, hf-pld, ngram[:settings], suffix[:settings], "
+                                 "ngramspec[:settings] (suffix needs .venv-vllm)"},
+                out={"help": "write the totals here (JSON)"})
+    parser.add_argument("--concurrency", type=ints, default="16", help="comma-separated request counts run at once")
     parser.add_argument("--prior-scale", type=float, default=None,
                         help="start ngramspec from the built-in step cost with its excess scaled by this")
     parser.add_argument("--truth-scale", type=float, default=1.0,
                         help="price steps by the built-in step cost with its excess scaled by this (a machine "
                              "where drafted positions cost S times more; default 1)")
-    parser.add_argument("--json", default=None, help="write the totals here")
-    args = parser.parse_args(argv)
-    try:
-        concurrencies = [int(c) for c in args.concurrency.split(",")]
-    except ValueError:
-        parser.error(f"--concurrency expected comma-separated integers, got {args.concurrency!r}")
+
+
+def main(args) -> int:
     if args.truth_scale <= 0 or (args.prior_scale is not None and args.prior_scale <= 0):
-        parser.error("--truth-scale and --prior-scale must be positive")
-    if min(concurrencies) < 1 or args.max_tokens < 2:
-        parser.error("--concurrency must be 1 or more and --max-tokens 2 or more")
-    known = {"none", "ngram", "suffix", "ngramspec"}
-    unknown = [m for m in args.methods.split(",") if m not in known and not m.startswith(("vllm-rule", "hf-rule"))]
-    if unknown:
-        parser.error(f"unknown methods {unknown}; use none, ngram, suffix, ngramspec, vllm-rule[:...] or hf-rule")
+        raise ValueError("--truth-scale and --prior-scale must be positive")
+    if args.max_new_tokens < 2:
+        raise ValueError("--max-new-tokens must be 2 or more")
     from ngramspec.vllm import VLLM_CPU_PRIOR
 
     with open(args.traces, encoding="utf-8") as handle:
         traces = [json.loads(line) for line in handle if line.strip()][: args.limit]
-    traces = [dict(t, output_ids=t["output_ids"][: args.max_tokens]) for t in traces if len(t["output_ids"]) >= 2]
+    traces = [dict(t, output_ids=t["output_ids"][: args.max_new_tokens]) for t in traces if len(t["output_ids"]) >= 2]
     truth = VLLM_CPU_PRIOR.scaled(args.truth_scale) if args.truth_scale != 1 else VLLM_CPU_PRIOR
     results = []
-    print(f"{len(traces)} traces, outputs cut to {args.max_tokens} tokens, step cost: the vLLM CPU engine's"
+    print(f"{len(traces)} traces, outputs cut to {args.max_new_tokens} tokens, step cost: the vLLM CPU engine's"
           + (f" with its excess x{args.truth_scale:g}" if args.truth_scale != 1 else ""))
-    print("| concurrency | method | tokens per unit cost | vs none | MAT | drafts | drafted | accepted |")
+    print("| concurrency | method | tokens per unit cost | vs greedy | MAT | drafts | drafted | accepted |")
     print("|---|---|---|---|---|---|---|---|")
-    for concurrency in concurrencies:
+    for concurrency in args.concurrency:
         base = None
-        for method in args.methods.split(","):
+        for method in args.methods:
             t = simulate(traces, method, concurrency, truth, args.prior_scale)
             speed = t["tokens"] / t["cost"]
-            base = speed if method == "none" else base
+            base = speed if method.kind == "greedy" else base
             ratio = f"{speed / base:.3f}x" if base else "-"
             print(f"| {concurrency} | {method} | {speed:.4f} | {ratio} | {1 + t['accepted'] / t['row_steps']:.2f} | "
                   f"{t['drafts']} | {t['drafted']} | {t['accepted']} |", flush=True)
-            results.append(dict(t, concurrency=concurrency, method=method))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+            results.append(dict(t, concurrency=concurrency, method=method.name))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

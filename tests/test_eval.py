@@ -1,7 +1,9 @@
-"""The evaluation harness: reference drafters, replay, method parsing, reports, resume, sharding."""
+"""The evaluation harness: one entry point, one method vocabulary, reference drafters, replay,
+reports, resume, sharding."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 import tasks
 from eval import report
 from eval.drafters import HFPromptLookupSession, VLLMNgramSession, make_drafter
-from eval.methods import split_methods
+from eval.methods import KINDS, RENAMED, MethodSpec, format_methods, parse_methods
 from eval.replay import replay_all
 from ngramspec.cost.curves import STEEP_CPU_CURVE
 from ngramspec.draft.replay import ForwardCost
@@ -48,13 +50,13 @@ def test_vllm_rule_takes_the_longest_then_earliest_match():
 
 
 def test_replay_counts_forwards_by_hand():
-    # prompt 1 2 3 4 5 1 2, greedy output 3 4 9 9 (hf-rule):
+    # prompt 1 2 3 4 5 1 2, greedy output 3 4 9 9 (hf-pld):
     # prefill emits 3 (forward 1); suffix "2 3" occurred at 1 -> draft "4 5" (2 = remaining
     # budget 3 - 1); "4" accepted, "5" rejected -> emits 4 9 (forward 2, cost(3) = 2.0);
     # budget 1 left -> no draft, emits 9 (forward 3). MAT 4/3, cost 1 + 2 + 1.
     trace = {"dataset": "jfleg", "prompt_ids": [1, 2, 3, 4, 5, 1, 2], "output_ids": [3, 4, 9, 9]}
     cost = ForwardCost(((1, 1.0), (3, 2.0)))
-    result = replay_all([trace], ["hf-rule"], cost)["hf-rule"]
+    result = replay_all([trace], ["hf-pld"], cost)["hf-pld"]
     assert result["overall"]["mat"] == pytest.approx(4 / 3)
     assert result["overall"]["speedup"] == pytest.approx(4 / (1 + 2.0 + 1))
     assert result["rewriting"]["items"] == 1 and result["jfleg"]["mean_draft"] == pytest.approx(1.0)
@@ -102,7 +104,7 @@ def test_replay_of_shared_traces_reproduces_the_published_hf_rule_figure():
     path = REPO.parent / "shared" / "traces" / "smollm2_shared_greedy.jsonl"
     traces = [json.loads(line) for line in open(path)]
     guide_points = ((1, 1.0), (2, 1.1), (3, 1.17), (4, 1.6), (8, 1.94), (11, 2.3), (16, 2.45), (32, 2.9))
-    overall = replay_all(traces, ["hf-rule"], ForwardCost(guide_points), eos_token_ids=(2,))["hf-rule"]["overall"]
+    overall = replay_all(traces, "hf-pld", ForwardCost(guide_points), eos_token_ids=(2,))["hf-pld"]["overall"]
     # The drafting issue quotes MAT 2.24 and "~1.17x" for the transformers rule on this file. MAT
     # matches to 0.01; the speed-up here is pooled tokens / cost (1.23x; the harmonic mean of
     # per-item speed-ups gives 1.15x: the quoted figure used some per-item aggregate), checked
@@ -113,13 +115,70 @@ def test_replay_of_shared_traces_reproduces_the_published_hf_rule_figure():
     assert overall["speedup"] == pytest.approx(speedup, rel=1e-12)
 
 
+def names(text: str) -> list[str]:
+    return [m.name for m in parse_methods(text)]
+
+
 def test_method_lists_keep_settings_together():
-    assert split_methods("greedy,hf-pld,ngramspec:max_n=4,min_n=1,ngramspec") == [
+    assert names("greedy,hf-pld,ngramspec:max_n=4,min_n=1,ngramspec") == [
         "greedy", "hf-pld", "ngramspec:max_n=4,min_n=1", "ngramspec"]
-    assert split_methods("ngramspec:verify_cost=1:1.0,8:1.5,hf-pld") == ["ngramspec:verify_cost=1:1.0,8:1.5", "hf-pld"]
+    # a value's own commas (verify_cost's q:cost pairs) stay with it, whatever its digits
+    assert names("ngramspec:verify_cost=1:1.0,8:1.5,hf-pld") == ["ngramspec:verify_cost=1:1.0,8:1.5", "hf-pld"]
+    assert names("ngramspec:max_n=4,verify_cost=1:1,12:2.5,ngram:k=3,suffix") == [
+        "ngramspec:max_n=4,verify_cost=1:1,12:2.5", "ngram:k=3", "suffix"]
+    assert parse_methods(" ngram: min_n=2 , k=3 ,oracle") == [MethodSpec("ngram", "min_n=2,k=3"), MethodSpec("oracle")]
+    # labels keep the settings as written: a name given twice (the last holds) stays twice
+    (twice,) = parse_methods("ngramspec:min_n=2,copy_cursor=false,copy_cursor=true")
+    assert twice.name == "ngramspec:min_n=2,copy_cursor=false,copy_cursor=true"
+    assert twice.values == {"min_n": "2", "copy_cursor": "true"}
     assert make_drafter("ngramspec:max_n=3").config.max_n == 3
-    with pytest.raises(ValueError, match="unknown drafter"):
-        make_drafter("medusa")
+    for text, message in [("medusa", "unknown method 'medusa'"), ("max_n=4,greedy", "is no method"),
+                          ("greedy,ngram:k=x", "invalid literal"), ("ngram:n=2", "unknown setting 'n'"),
+                          ("hf-pld:k=2", "it takes none"), ("ngramspec:foo=1", "unknown speculator setting 'foo'"),
+                          ("greedy,ngramspec,greedy", "listed twice"), ("vllm-rule", "now named 'ngram:min_n=1")]:
+        with pytest.raises(ValueError, match=message):
+            parse_methods(text)
+    with pytest.raises(ValueError, match="'oracle' is not taken here"):
+        make_drafter("oracle")
+    for old, new in RENAMED.items():  # each earlier name points to its new one, which parses
+        assert names(new) == [new]
+        with pytest.raises(ValueError, match=re.escape(f"'{old}' is now named '{new}'")):
+            parse_methods(old)
+
+
+@pytest.mark.parametrize("text", ["greedy", "hf-pld,ngram,suffix,ngramspec,oracle,truth-sized",
+                                  "ngramspec:max_n=4,min_n=1,verify_cost=1:1.0,8:1.5,ngram:min_n=1,max_n=4,k=5",
+                                  "suffix:cached=0,suffix:k=8,depth=16,factor=0.5,truth-sized:min_n=1,oracle:k=1"])
+def test_method_text_round_trips(text):
+    methods = parse_methods(text)
+    assert format_methods(methods) == text and parse_methods(format_methods(methods)) == methods
+    assert all(parse_methods(m.name) == [m] for m in methods)
+
+
+def test_method_specs_round_trip_through_their_text():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    values = {int: st.integers(0, 99).map(str), float: st.floats(0, 9, allow_nan=False).map(repr)}
+    ngramspec_settings = [("max_n", st.integers(1, 9).map(str)), ("copy_cursor", st.sampled_from(["true", "false"])),
+                          ("verify_cost", st.lists(st.integers(2, 64), min_size=1, max_size=4, unique=True).map(
+                              lambda qs: ",".join(["1:1.0"] + [f"{q}:{1 + q / 10}" for q in sorted(qs)])))]
+
+    def spec(kind):
+        known = KINDS[kind]
+        pool = ngramspec_settings if known is None else [(k, values[t]) for k, t in known.items()]
+        if not pool:
+            return st.just(MethodSpec(kind))
+        return st.lists(st.sampled_from(range(len(pool))), unique=True, max_size=len(pool)).flatmap(
+            lambda picks: st.tuples(*(st.tuples(st.just(pool[i][0]), pool[i][1]) for i in picks))).map(
+            lambda settings: MethodSpec(kind, ",".join(f"{k}={v}" for k, v in settings)))
+
+    @given(st.lists(st.sampled_from(list(KINDS)).flatmap(spec), min_size=1, max_size=5,
+                    unique_by=lambda m: m.name))
+    def check(methods):
+        assert parse_methods(format_methods(methods)) == methods
+
+    check()
 
 
 def _record(task, item, method, seconds, ids, forwards, family="rewriting"):
@@ -195,9 +254,9 @@ def test_trace_then_replay_cli(tiny_model_dir, tmp_path, capsys):
     lines = [json.loads(line) for line in traces.read_text().splitlines()]
     assert len(lines) == 2 and set(lines[0]) == {"id", "dataset", "prompt_ids", "output_ids"}
     assert lines[0]["id"].startswith("asset/") and len(lines[0]["output_ids"]) <= 10
-    code, out, err = eval_main(["replay", str(traces), "--methods", "hf-rule,ngramspec"], capsys)
+    code, out, err = eval_main(["replay", str(traces), "--methods", "hf-pld,ngramspec"], capsys)
     assert code == 0, err
-    assert "| overall | hf-rule | 2 |" in out and "| overall | ngramspec | 2 |" in out
+    assert "| overall | hf-pld | 2 |" in out and "| overall | ngramspec | 2 |" in out
 
 
 @pytest.mark.slow
@@ -229,8 +288,29 @@ def test_accelerate_launch_two_cpu_processes(tiny_model_dir, tmp_path):
         (["replay", "/no/such/traces.jsonl"], "No such file"),
         (["bench", "--device", "nonsense"], "--device 'nonsense'"),
         (["bench", "--dtypes", "float8"], "dtypes must be among"),
-        (["bench", "--batch-sizes", "0"], "batch sizes >= 1"),
+        (["bench", "--batch-sizes", "0"], "expected integers of 1 or more"),
         (["bench", "--methods", "ngramspec,greedy"], "--methods must start with greedy"),
+        (["bench", "--tasks", "jfleg,nosuchset"], "unknown task(s) ['nosuchset']"),
+        (["replay", "--methods", "hf-pld,medusa"], "unknown method 'medusa': use hf-pld, ngram[:settings]"),
+        (["replay", "--methods", "hf-rule"], "'hf-rule' is now named 'hf-pld'"),
+        (["bench", "--methods", "greedy,ngram"], "'ngram' is not taken here; use greedy, hf-pld, ngramspec"),
+        (["vllm-sim", "--methods", "none,ngram"], "'none' is now named 'greedy'"),
+        (["vllm-bench", "--methods", "greedy,oracle"], "unknown method 'oracle'"),
+        (["vllm-bench", "--methods", "greedy,suffix:depth=8"], "vllm-bench passes only k"),
+        (["vllm-bench", "--concurrency", "1,x"], "expected comma-separated integers"),
+        (["vllm-cost", "--rows", "-1"], "expected integers of 1 or more"),
+        (["vllm-cost", "--context", "500,0"], "expected integers of 1 or more"),
+        (["vllm-cost", "--drafts", "0,-1"], "expected integers of 0 or more"),
+        (["vllm-bench", "--rounds", "0"], "--rounds must be 1 or more"),
+        (["vllm-bench", "--prior-scale", "-1"], "--prior-scale must be 0 or more"),
+        (["vllm-sim", "--truth-scale", "0"], "--truth-scale and --prior-scale must be positive"),
+        (["vllm-sim", "--prior-scale", "-2"], "--truth-scale and --prior-scale must be positive"),
+        (["vllm-sim", "--concurrency", "0"], "expected integers of 1 or more"),
+        (["vllm-sim", "--concurrency", "x"], "expected comma-separated"),
+        (["propose-bench", "--steps", "10", "--turnover", "11"], "--turnover must be"),
+        (["cost-curve", "--qs", "2,4"], "--qs must include 1"),
+        (["gpu-payload"], "the following arguments are required: STEP"),
+        (["nonesuch"], "invalid choice: 'nonesuch'"),
     ],
 )
 def test_cli_bad_input_gives_a_message_and_exit_2(tmp_path, args, message, capsys):
@@ -257,7 +337,7 @@ def test_oracle_bounds_every_drafter_on_real_traces():
     for trace in traces:
         tokens, forwards, total = oracle_replay(trace["prompt_ids"], trace["output_ids"], cost)
         assert tokens == len(trace["output_ids"]) and forwards <= tokens
-        for name in ("hf-rule", "ngramspec"):
+        for name in ("hf-pld", "ngramspec"):
             result = replay(make_drafter(name, (2,)).start(trace["prompt_ids"]), trace["output_ids"], cost)
             assert total <= result.cost + 1e-9, (trace["id"], name)
         # ngramspec's drafts cut to what the target accepts: each one is a draft the oracle may choose
@@ -356,34 +436,20 @@ def test_bench_writes_the_table_after_every_batch(tiny_model_dir, monkeypatch, t
     counts = [{r["method"]: r["items"] for r in part["rows"] if r["group"] == "overall"} for part, _ in seen]
     assert counts == [dict.fromkeys(("greedy", "hf-pld", "ngramspec"), n) for n in (1, 2, 3, 4)]
     assert result["batches"] == [{"batch_size": 1, "done": 4, "planned": 4}]
+    # A batch-size sweep: the first --items prompts (round-robin over the sets) at batch size 2;
+    # a row's own forwards: greedy needs one per token, ngramspec fewer on these copies.
+    swept = bench(model, tokenizer, ["jfleg", "quixbugs"], 3, 6, data_dir=str(data), quiet=True, batch_size=2,
+                  method_names="greedy,ngramspec", total=3)
+    rows = {r["method"]: r for r in swept["rows"] if r["group"] == "overall"}
+    assert swept["batches"] == [{"batch_size": 2, "done": 2, "planned": 2}] and rows["greedy"]["items"] == 3
+    assert rows["greedy"]["mat_per_row"] == 1.0 and rows["ngramspec"]["mat_per_row"] >= rows["ngramspec"]["mat"]
 
 
-@pytest.mark.parametrize("module, argv", [("eval.vllm_bench", ["--concurrency", "1,x"]),
-                                           ("eval.vllm_cost", ["--rows", "-1"]),
-                                           ("eval.vllm_cost", ["--context", "500,0"])])
-def test_vllm_scripts_reject_bad_lists_with_a_usage_error(module, argv, capsys):
-    import importlib
-
-    with pytest.raises(SystemExit) as exit_info:
-        importlib.import_module(module).main(argv)
-    assert exit_info.value.code == 2
-    assert "expected" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("argv", [["--truth-scale", "0"], ["--prior-scale", "-2"]])
-def test_vllm_simulator_refuses_a_cost_scale_that_is_not_positive(argv, capsys):
-    from eval import vllm_sim
-
-    with pytest.raises(SystemExit) as exit_info:
-        vllm_sim.main(argv)
-    assert exit_info.value.code == 2
-    assert "--truth-scale and --prior-scale must be positive" in capsys.readouterr().err
-
-
-def test_propose_bench_replaces_requests_as_a_server_does(capsys):
+def test_propose_bench_replaces_requests_as_a_server_does():
     """--turnover T: each row's request is replaced every T steps (rows staggered), the new
-    text read from its start, and no row runs past its text; T above --steps is refused."""
-    from eval.propose_bench import main, time_steps
+    text read from its start, and no row runs past its text (T above --steps is refused: the
+    CLI test above)."""
+    from eval.propose_bench import time_steps
 
     texts = [np.arange(1000 * i, 1000 * i + 300, dtype=np.int32) for i in range(5)]
     heads, ends = [], []  # per step: each row's first token and end
@@ -396,29 +462,16 @@ def test_propose_bench_replaces_requests_as_a_server_does(capsys):
     assert [heads[s][0] for s in (0, 9, 10, 19)] == [0, 0, 3000, 3000]  # row 0: a new request at step 10
     assert [heads[s][1] for s in (4, 5, 14, 15)] == [1000, 2000, 2000, 4000]  # row 1: at steps 5 and 15
     assert max(map(max, ends)) <= 300  # no row runs past its text
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--steps", "10", "--turnover", "11"])
-    assert exit_info.value.code == 2 and "--turnover must be" in capsys.readouterr().err
 
 
 def test_drafter_and_oracle_settings_use_the_shared_parser(tmp_path):
-    assert make_drafter("vllm-rule: min_n=2 ,k=3").settings == {"min_n": 2, "k": 3}
+    assert make_drafter("ngram: min_n=2 ,k=3").settings == {"min_n": 2, "max_n": 5, "k": 3}  # vLLM's max_n
     with pytest.raises(ValueError, match="expected name=value"):
-        make_drafter("vllm-rule:3")
+        make_drafter("ngram:3")
     # oracle:k=1 may draft only one token per step: on a long copy it needs more forwards.
     trace = {"dataset": "jfleg", "prompt_ids": [1, 2, 3, 4, 5, 6, 7], "output_ids": [1, 2, 3, 4, 5, 6, 7]}
     results = replay_all([trace], ["oracle:k=1", "oracle"], STEEP_CPU_CURVE)
     assert results["oracle:k=1"]["overall"]["mat"] < results["oracle"]["overall"]["mat"]
-
-
-@pytest.mark.parametrize("args, message", [(["--rounds", "0"], "--rounds must be 1 or more"),
-                                           (["--prior-scale", "-1"], "--prior-scale must be 0 or more")])
-def test_vllm_bench_refuses_bad_rounds_and_prior_scale(args, message, capsys):
-    from eval import vllm_bench
-
-    with pytest.raises(SystemExit) as exit_info:
-        vllm_bench.main(args)
-    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_vllm_bench_pairs_each_round_with_that_rounds_plain_run():
@@ -435,11 +488,11 @@ def test_vllm_bench_pairs_each_round_with_that_rounds_plain_run():
 
     # Plain runs take 10, 40 and 20 s (the machine's speed drifts between rounds); the drafter
     # is 1.25x as fast in the first two rounds and half as fast in the third.
-    rounds = [{(16, "none"): run(s), (16, "fast"): run(s / r)} for s, r in ((10.0, 1.25), (40.0, 1.25), (20.0, 0.5))]
+    rounds = [{(16, "greedy"): run(s), (16, "fast"): run(s / r)} for s, r in ((10.0, 1.25), (40.0, 1.25), (20.0, 0.5))]
     rows = summarise(median_runs(rounds), items)
     fast = next(r for r in rows if r["method"] == "fast" and r["family"] == "overall")
-    assert fast["vs_none_paired"] == pytest.approx(1.25)  # median of 1.25, 1.25, 0.5
-    assert fast["vs_none"] == pytest.approx(20.0 / 32.0)  # median 32 s against median 20 s
+    assert fast["vs_greedy_paired"] == pytest.approx(1.25)  # median of 1.25, 1.25, 0.5
+    assert fast["vs_greedy"] == pytest.approx(20.0 / 32.0)  # median 32 s against median 20 s
     assert "| 16 | fast | 3.1 | 0.62x | 1.250x |" in markdown(rows)
 
 
@@ -456,20 +509,75 @@ def test_vllm_simulator_emits_every_trace_token_and_prices_drafts_by_the_true_co
         prompt = rng.integers(100 + 50 * i, 150 + 50 * i, 60).tolist()
         traces.append({"prompt_ids": prompt, "output_ids": (prompt * 2)[: 30 + 7 * i]})
     total = sum(len(t["output_ids"]) for t in traces)
-    none = simulate(traces, "none", 4, VLLM_CPU_PRIOR)
+    none = simulate(traces, "greedy", 4, VLLM_CPU_PRIOR)
     spec = simulate(traces, "ngramspec", 4, VLLM_CPU_PRIOR, prior_scale=2.0)
-    never = simulate(traces, "vllm-rule:k=0", 4, VLLM_CPU_PRIOR)  # never drafts
+    never = simulate(traces, "ngram:k=0", 4, VLLM_CPU_PRIOR)  # never drafts
     assert none["tokens"] == spec["tokens"] == never["tokens"] == total
     assert none["drafted"] == never["drafted"] == 0 and never["cost"] == none["cost"]
     assert spec["accepted"] > 0.5 * total and spec["cost"] < 0.6 * none["cost"]
 
 
-@pytest.mark.parametrize("argv, message", [(["--concurrency", "0"], "must be 1 or more"),
-                                           (["--concurrency", "x"], "expected comma-separated"),
-                                           (["--methods", "none,bogus"], "unknown methods")])
-def test_vllm_simulator_refuses_bad_arguments_with_a_usage_error(argv, message, capsys):
-    from eval.vllm_sim import main
+# --- one entry point ---------------------------------------------------------------------------
 
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+EVERY_COMMAND = ["run", "trace", "replay", "bench", "drafter", "cost-curve", "insitu-cost", "realdocs", "vllm-bench",
+                 "vllm-cost", "vllm-sim", "propose-bench", "gpu-payload", "vllm-metadata"]
+
+
+def test_the_one_entry_point_lists_every_command(capsys):
+    from eval.__main__ import COMMANDS
+
+    assert list(COMMANDS) == EVERY_COMMAND
+    code, out, _ = eval_main(["--help"], capsys)
+    assert code == 0
+    listed = [line.split()[0] for line in out.split("COMMAND\n", 1)[1].splitlines()
+              if line.startswith("    ") and not line.startswith("      ")]
+    assert listed == EVERY_COMMAND
+
+
+@pytest.mark.parametrize("command", EVERY_COMMAND)
+def test_every_command_explains_itself_without_vllm(command, capsys):
+    code, out, err = eval_main([command, "--help"], capsys)
+    assert code == 0, err
+    assert out.startswith(f"usage: python -m eval {command} ") and "vllm" not in sys.modules
+
+
+def test_no_module_keeps_an_entry_point_of_its_own():
+    """Every command is `python -m eval COMMAND`: no eval module runs as a script or builds its
+    own parser, and every module that adds arguments is a registered command."""
+    from eval.__main__ import COMMANDS
+
+    registered = {spec.module for spec in COMMANDS.values()}
+    for path in sorted((REPO / "eval").glob("*.py")):
+        text = path.read_text()
+        if path.name == "__main__.py":
+            continue
+        assert '__name__ == "__main__"' not in text and "ArgumentParser(" not in text, path.name
+        assert ("def add_arguments(" in text) == (path.stem in registered), path.name
+    assert not [p.name for p in (REPO / "eval").glob("*.sh") if p.name not in ("gpu_check.sh",
+                                                                               "install_suffix_decoding.sh")]
+    scripts = "\n".join(p.read_text() for p in [REPO / "Makefile", REPO / "README.md", *(REPO / "eval").rglob("*.sh")])
+    assert "-m eval." not in scripts and not re.search(r"(python\S*|\$\(VPY\)) eval/\w+\.py", scripts)
+
+
+def test_the_gpu_payload_step_runs_on_a_bare_interpreter(tmp_path):
+    """The GPU image's Python has none of the project's dependencies before the payload is
+    placed: `python -m eval gpu-payload image` must need only the standard library."""
+    blocked = ["torch", "numpy", "transformers", "ngramspec", "tasks", "numba", "tqdm"]
+    code = (f"import runpy, sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n"
+            f"sys.argv = ['eval', 'gpu-payload', 'image', {str(tmp_path / 'image.json')!r}]\n"
+            "runpy.run_module('eval', run_name='__main__', alter_sys=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "image.json").read_text())["python"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def test_a_results_folder_holds_the_command_that_made_it():
+    """In its current form, `python -m eval COMMAND`, next to the form that made it."""
+    from eval.__main__ import COMMANDS
+
+    for folder in sorted(p for p in (REPO / "eval" / "results").iterdir() if p.is_dir()):
+        texts = [p.read_text(errors="replace") for p in folder.iterdir()
+                 if p.suffix in (".md", ".txt", ".sh", ".json") and p.stat().st_size < 2_000_000]
+        named = {m for t in texts for m in re.findall(r"-m eval ([a-z][a-z-]*)", t)}
+        assert named and named <= set(COMMANDS), (folder.name, named)

@@ -9,6 +9,8 @@ import pytest
 
 from eval import gpu_payload
 
+from conftest import call_main
+
 
 def test_the_image_lists_this_interpreter_and_its_distributions():
     held = gpu_payload.image()
@@ -44,6 +46,10 @@ def test_resolving_against_an_image_names_only_what_it_lacks(tmp_path):
 
 
 def test_the_command_line_explains_itself(capsys):
-    assert gpu_payload.main([]) == 2
-    assert "resolve IMAGE.json DIR" in capsys.readouterr().err
+    from eval.__main__ import main
+
+    code, _, err = call_main(main, ["gpu-payload"], capsys)
+    assert code == 2 and "required: STEP" in err
+    code, out, _ = call_main(main, ["gpu-payload", "resolve", "--help"], capsys)
+    assert code == 0 and "IMAGE.json DIR" in out and "--transformers" in out
     json.dumps(gpu_payload.image())  # the manifest is plain JSON

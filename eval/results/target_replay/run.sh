@@ -15,9 +15,9 @@ mkdir -p "$STATES"
 for traces in shared own; do
   if [ "$traces" = shared ]; then T=../shared/traces/smollm2_shared_greedy.jsonl; P=""; else
     T=eval/results/drafting/greedy_traces.jsonl; P=own_; fi
-  common=(replay "$T" --model default --states "$STATES/$traces.npz" --quiet --methods "$METHODS")
-  "$PY" -m eval "${common[@]}" --out "$OUT/${P}cpu_400" > /dev/null
-  "$PY" -m eval "${common[@]}" --cost "$CPU2K" --out "$OUT/${P}cpu_2000" > /dev/null
-  "$PY" -m eval "${common[@]}" --cost "$STEEP" --out "$OUT/${P}steep" > /dev/null
+  common=("$T" --model default --states "$STATES/$traces.npz" --quiet --methods "$METHODS")
+  "$PY" -m eval replay "${common[@]}" --out "$OUT/${P}cpu_400" > /dev/null
+  "$PY" -m eval replay "${common[@]}" --cost "$CPU2K" --out "$OUT/${P}cpu_2000" > /dev/null
+  "$PY" -m eval replay "${common[@]}" --cost "$STEEP" --out "$OUT/${P}steep" > /dev/null
   echo "$traces done"
 done
