@@ -71,11 +71,13 @@ def replay_all(traces: list[dict], methods, cost: CostCurve, eos_token_ids=(), v
                 drafted, drafter_s = tokens - forwards, 0.0  # every draft of a bound is accepted
                 draft_steps, accepted = 0, 0  # not counted: bounds, not drafters
             else:
-                session = drafter.start(trace["prompt_ids"])
                 if leads:
-                    from .target import TargetAwareSession
+                    from .target import TargetAwareSession, reference_session
 
-                    session = TargetAwareSession(session, views[number], leads, acceptance_model)
+                    session = TargetAwareSession(reference_session(drafter, trace["prompt_ids"]), views[number], leads,
+                                                 acceptance_model)
+                else:
+                    session = drafter.start(trace["prompt_ids"])
                 result = replay(session, trace["output_ids"], cost)
                 s = result.stats
                 tokens, forwards, total = s.new_tokens, s.target_forwards, result.cost

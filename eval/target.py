@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,19 @@ class AcceptanceModel:
                 hessian = (x * (p * (1 - p))[:, None]).T @ x + 1e-2 * np.eye(self.WIDTH)
                 w -= np.linalg.solve(hessian, x.T @ (p - y) + 1e-2 * (w - self.weights))
             self.weights = w
+
+
+def reference_session(drafter, prompt_ids):
+    """``drafter.start(prompt_ids)`` as the pure-Python reference session (tests/reference_session.py,
+    which drafts exactly what the compiled engine does): the leads replace its candidate ranking
+    and sizing, which the engine does not expose."""
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    if tests not in sys.path:
+        sys.path.append(tests)
+    from reference_session import ReferenceSession
+
+    return ReferenceSession(drafter.config, prompt_ids, history=drafter.history, cost_model=drafter.cost_model,
+                            pool=drafter.pool)
 
 
 class TargetAwareSession:

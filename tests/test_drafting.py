@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from ngramspec import NgramSpeculator
+from ngramspec.draft.sessions import CURSOR
 from ngramspec.draft.walk import accepted_length
 
 from conftest import plain_generate
@@ -22,10 +23,10 @@ def test_cursor_follows_a_copy_and_breaks_on_a_difference():
     session = session_of(prompt, min_n=2, max_draft_tokens=3)
     assert session.propose().tokens.tolist() == [7, 8, 9]  # index: "5 6" -> 7 8 9
     session.extend([7, 8])
-    assert session._cursor == 4  # the copy continues at 9
+    assert session.cursor == 4  # the copy continues at 9
     assert session.propose().tokens.tolist() == [9, 10, 11]
     session.extend([9, 99])  # the target diverged: cursor breaks, break point recorded
-    assert session._cursor == -1 and session._lost == (len(prompt) + 3, 5)  # at 99, source expected 10
+    assert session.cursor == -1 and session.lost == (len(prompt) + 3, 5)  # at 99, source expected 10
 
 
 def test_cursor_prefers_the_followed_span_over_a_more_recent_match():
@@ -34,7 +35,7 @@ def test_cursor_prefers_the_followed_span_over_a_more_recent_match():
     with_cursor = session_of(prompt, min_n=2, max_draft_tokens=2, copy_cursor=True)
     without = session_of(prompt, min_n=2, max_draft_tokens=2, copy_cursor=False)
     for s in (with_cursor, without):
-        s._cursor = 2  # following the first span: "1 2" was copied from positions 0-1
+        s._table.state[s._slot, CURSOR] = 2  # following the first span: "1 2" was copied from positions 0-1
         s.extend([3])
     assert with_cursor.propose().tokens.tolist() == [4, 5]  # the followed span
     assert without.propose().tokens.tolist() == [7, 8]  # the most recent "2 3"
@@ -236,11 +237,11 @@ def test_a_recurring_edit_is_drafted_where_the_copied_prompt_repeats_it():
         s.extend([12])
         assert s.propose().tokens.tolist() == [13, 14, 15, 16, 7, 17]  # "12": copying resumes
         s.extend([13, 14])
-    assert on._edits == {(7,): (8,)}  # learned when the copy resumed
+    assert on.edits == {(7,): (8,)}  # learned when the copy resumed
     assert off.propose().tokens.tolist() == [15, 16, 7, 17, 18, 19]
     assert on.propose().tokens.tolist() == [15, 16, 8, 17, 18, 19]  # the edit recurs in the draft
     on.extend([15, 16, 7])  # the target refuses it here
-    assert on._edits == {}
+    assert on.edits == {}
 
 
 def test_edits_recur_through_a_renamed_text():

@@ -64,7 +64,7 @@ def test_source_lead_copies_the_occurrence_whose_state_is_closest(closest, expec
     view = _view(len(stream), np.random.default_rng(0))
     view.states[9] = view.states[closest]
     spec = NgramSpeculator(verify_cost=DEFAULT_CPU_CURVE.points, copy_cursor=False, fuzzy_resync=False)
-    session = target.TargetAwareSession(spec.start(stream), view, ("source",), None)
+    session = target.TargetAwareSession(target.reference_session(spec, stream), view, ("source",), None)
     draft = session.propose(max_tokens=4, sized=False)
     assert draft.tokens[:2].tolist() == [2, expected]
     assert spec.start(stream).propose(max_tokens=4, sized=False).tokens[:2].tolist() == [2, 4]

@@ -1,8 +1,5 @@
-"""What a draft is: :class:`Draft`, the tokens one verify pass checks; the candidate
-continuations a session ranks (:class:`Candidate`); and where a copy resumes after an edit
-(the fuzzy re-alignment's constants, shared with the compiled sessions of
-:mod:`ngramspec.draft.sessions`).
-"""
+"""What a draft is: :class:`Draft`, the tokens one verify pass checks, and the token ids a
+session accepts (:func:`as_token_array`)."""
 
 from __future__ import annotations
 
@@ -38,27 +35,8 @@ class Draft:
         return int(self.tokens.shape[0])
 
 
-# Fuzzy re-alignment: tried for up to FUZZY_WINDOW tokens after a copy broke, comparing the
-# last FUZZY_CONTEXT tokens, searching up to FUZZY_AHEAD tokens past the expected place;
-# it outranks index matches shorter than FUZZY_BELOW_N tokens.
-FUZZY_WINDOW = 12
-FUZZY_CONTEXT = 6
-FUZZY_AHEAD = 16
-FUZZY_BELOW_N = 3
-
 _NO_ESTIMATES = np.zeros(0)
 _NO_ESTIMATES.flags.writeable = False
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One possible continuation: ``source[start:]``."""
-
-    start: int
-    match_len: int
-    source: np.ndarray  # the stream itself, or the shared history's tokens
-    own: bool = True  # drawn from this request's stream (copies may run into the suffix)
-    contested: bool = False  # an index match whose earliest and latest occurrences continue differently
 
 
 def as_token_array(ids) -> np.ndarray:

@@ -1,19 +1,22 @@
-"""Many requests' drafting state in arrays, and one compiled call that extends and drafts for
-every row of a step: vLLM's proposer sees hundreds of rows per engine step, where a Python
-call per row (``SpeculationSession.extend`` + ``propose``, ~15 us) would cost more than the
-step's forward on a GPU machine.
+"""The drafting engine: every request's drafting state in arrays, one *slot* per request, and
+compiled calls that extend a slot with the tokens the target emitted and draft its next
+tokens. vLLM's proposer drafts all rows of an engine step in one call (:func:`draft_rows`);
+a transformers request is one slot (:class:`~ngramspec.draft.session.SpeculationSession`).
 
-A *slot* holds one request: its token stream and n-gram table (:mod:`ngramspec.draft.index`'s
-arrays, one per slot in a typed list, grown inside the kernel), and a row of ``state``
-(lengths, copy cursor, the pending draft's match and start) and ``evidence`` (accepted and
-rejected draft positions per match-length bucket, :mod:`ngramspec.draft.acceptance`; with ``pool``,
-the same pooled over every slot). :func:`draft_rows` does, for each row, exactly
-what one :class:`~ngramspec.draft.session.SpeculationSession` does for a chain draft with
-``sized=False``: learn from the pending draft (``verified`` of its tokens were checked), append
-the row's new tokens, move the copy cursor, then draft from the cursor, the index, fuzzy
-re-alignment or the shared history (first where it matches a longer context than the index).
-``SpeculationSession`` is the reference: ``tests/test_sessions.py`` (Hypothesis) pins drafts,
-acceptance estimates and cursor state to it.
+A slot holds its token stream and n-gram table (:mod:`ngramspec.draft.index`'s arrays, one per
+slot in a typed list, grown inside the kernel), a row of ``state`` (lengths, copy cursor, the
+pending draft), of ``evidence`` (accepted and rejected draft positions per match-length bucket,
+:mod:`ngramspec.draft.acceptance`; ``pool`` the same over every slot), of ``branches`` (where the
+pending draft's candidates copy from) and of the learned edits (:mod:`ngramspec.draft.edits`).
+
+A draft copies from the first of its candidates (copy cursor, index, fuzzy re-alignment,
+history: :mod:`ngramspec.draft.candidates`). A copy from the prompt applies the request's
+learned edits (``edit_recurrence``). With
+``tree_branches > 1`` the other candidates join the first as branches of a token tree
+(:mod:`ngramspec.draft.tree`). With ``sized``, payoff sizing picks the draft's length
+(:mod:`ngramspec.draft.sizing`). ``tests/reference_session.py`` is the pure-Python reference of
+one slot; ``tests/test_sessions.py`` (Hypothesis) pins drafts, trees, acceptance estimates,
+cursor and edits to it.
 
 Worked example (min_n=1, max_n=3, one row): a new slot gets ``[5 6 7 5 6]`` as its new tokens;
 the suffix ``(5 6)`` last ended at position 1, so the draft copies from position 2, periodic
@@ -24,87 +27,78 @@ past the end: limit 4 gives ``[7 5 6 7]``, continuing a match of 2 tokens, estim
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit, types
 from numba.typed import List
 
 from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
-from .history import SEPARATOR
-from .index import index_extend, index_find
-from .proposal import FUZZY_AHEAD, FUZZY_BELOW_N, FUZZY_CONTEXT, FUZZY_WINDOW
+from .candidates import candidates, continuation
+from .edits import EDIT_SPAN, learn_edit, new_edits
+from .index import index_extend
+from .sizing import draft_lengths
+from .tree import add_branch, tree_budget
+from .tuning import EXPLORE_BELOW
 
-# Columns of ``state`` (int64, one row per slot).
-# VERIFIED: how many tokens of its draft the next step verifies; ACTIVE: it ran in the step
-# that just finished; STAMP: the caller's mark of the step it last ran in; PENDING_SOURCE: the
-# pending draft's source (acceptance.OWN, HISTORY or CONTESTED).
-LENGTH, USED, PROMPT, CURSOR, LOST_AT, LOST_SOURCE, PENDING_LEN, PENDING_MATCH, PENDING_START, VERIFIED, \
-    ACTIVE, FINISHED, STAMP, PENDING_SOURCE = range(14)
-COLUMNS = 14
-FRESH = np.array([0, 0, 0, -1, -1, -1, 0, 0, -1, 0, 0, 0, -1, 0], dtype=np.int64)  # a new slot's state row
+# Columns of ``state`` (int64, one row per slot). PENDING: a draft awaits its verdict, of
+# PENDING_LEN chain tokens from PENDING_SOURCE (acceptance.OWN, HISTORY or CONTESTED) after a
+# PENDING_MATCH-token match, with BRANCHES own-stream candidates in ``branches`` and the first
+# learned edit it applied (PENDING_EDIT, -1: none) at PENDING_EDIT_AT. EDIT_BREAK: the break an
+# edit was last learned from; EDIT_CLOCK: edits learned so far. VERIFIED: how many tokens of
+# its draft the next step verifies (-1: all); ACTIVE: it ran in the step that just finished
+# (else its draft went unverified); STAMP: the caller's mark of the step it last ran in.
+LENGTH, USED, PROMPT, CURSOR, LOST_AT, LOST_SOURCE, PENDING, PENDING_LEN, PENDING_MATCH, PENDING_SOURCE, \
+    BRANCHES, PENDING_EDIT, PENDING_EDIT_AT, EDIT_BREAK, EDIT_CLOCK, VERIFIED, ACTIVE, FINISHED, STAMP = range(19)
+COLUMNS = 19
+FRESH = np.array([0, 0, 0, -1, -1, -1, 0, 0, 0, 0, 0, -1, -1, -1, 0, 0, 0, 0, -1], dtype=np.int64)
 
-
-@njit(cache=True)
-def _levenshtein(a, b):
-    """Edit distance of two int32 arrays (unit costs), one row of the table at a time."""
-    row = np.arange(b.shape[0] + 1)
-    for i in range(a.shape[0]):
-        diagonal, row[0] = row[0], i + 1
-        for j in range(b.shape[0]):
-            above = row[j + 1]
-            row[j + 1] = min(above + 1, row[j] + 1, diagonal + (a[i] != b[j]))
-            diagonal = above
-    return row[b.shape[0]]
+# The config's drafting switches as the kernels read them (SessionTable.knobs builds it).
+Knobs = namedtuple("Knobs", "min_n max_n recent copy_cursor fuzzy edit_recurrence prior memory max_tree_tokens")
 
 
 @njit(cache=True)
-def _realign(stream, length, lost_at, lost_source):
-    """``SpeculationSession._realign`` over arrays: where copying resumes after the copy broke
-    (best normalised similarity of the last FUZZY_CONTEXT tokens, ties to the place a
-    same-length edit reaches), or -1."""
-    since = length - lost_at
-    if lost_at < 0 or since > FUZZY_WINDOW or lost_source <= 0:
-        return -1
-    last = stream[length - 1]
-    width = min(FUZZY_CONTEXT, length)
-    expected = lost_source + since
-    best, best_similarity, best_distance = -1, 0.0, 0
-    for c in range(max(1, lost_source - 2), min(expected + FUZZY_AHEAD, lost_at)):
-        if stream[c - 1] != last:
-            continue
-        w = min(width, c)
-        similarity = 1.0 - _levenshtein(stream[length - w : length], stream[c - w : c]) / w
-        distance = abs(c - expected)
-        if best < 0 or similarity > best_similarity or (similarity == best_similarity and distance < best_distance):
-            best, best_similarity, best_distance = c, similarity, distance
-    return best
-
-
-@njit(cache=True)
-def _extend(s, new, streams, tables, state, evidence, pool, pending, min_n, max_n, memory):
-    """``SpeculationSession.extend(new, verified)`` for slot s (new: int32 array, non-empty)."""
+def _extend(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes,
+            edit_stamps, knobs):
+    """Slot s learns how much of its pending draft the target kept, appends ``new`` (int32)
+    and moves its copy cursor; learns an edit where a copy from the prompt resumed."""
     count = new.shape[0]
-    branch = -1
-    if state[s, PENDING_LEN] > 0:  # learn how much of the last draft the target kept
-        source, match = state[s, PENDING_SOURCE], state[s, PENDING_MATCH]
+    sources = 0
+    if state[s, PENDING]:
+        source, match, drafted = state[s, PENDING_SOURCE], state[s, PENDING_MATCH], state[s, PENDING_LEN]
         verified = state[s, VERIFIED] if state[s, ACTIVE] else 0
-        drafted = min(state[s, PENDING_LEN], verified)
-        if verified == 0:
-            fade(evidence[s], source, match, memory)
+        if verified >= 0:  # -1: all of it
+            if verified == 0:  # not verified at all: let old evidence fade, as sizing does
+                fade(evidence[s], source, match, knobs.memory)
+            drafted = min(drafted, verified)
         kept = 0
         while kept < min(drafted, count) and pending[s, kept] == new[kept]:
             kept += 1
+        edit = state[s, PENDING_EDIT]
+        if edit >= 0 and kept == state[s, PENDING_EDIT_AT] and kept < drafted:
+            edit_stamps[s, edit] = 0  # the target refused the edit here: forget it
         learn(evidence[s], pool, source, match, kept, drafted)
-        branch = state[s, PENDING_START]
-        state[s, PENDING_LEN] = 0
+        sources = state[s, BRANCHES]
+        state[s, PENDING] = 0
+    if count == 0:
+        return
     old = state[s, LENGTH]
-    stream, table, used = index_extend(streams[s], tables[s], old, state[s, USED], new, min_n, max_n)
+    stream, table, used = index_extend(streams[s], tables[s], old, state[s, USED], new, knobs.min_n, knobs.max_n)
     streams[s], tables[s] = stream, table  # new arrays where they grew
     state[s, USED], state[s, LENGTH] = used, old + count
-    # The copy cursor survives if the source it follows (or the draft's) predicted every token.
-    cursor = state[s, CURSOR]
+    lost_at = state[s, LOST_AT]
+    if knobs.edit_recurrence and sources and count >= 2 and lost_at != state[s, EDIT_BREAK]:
+        source = branches[s, 0]  # where the chain was copied from
+        if stream[source] == new[0] and stream[source + 1] == new[1]:  # the copy resumed
+            if learn_edit(stream, old, source, lost_at, state[s, LOST_SOURCE], state[s, PROMPT], edit_tokens[s],
+                          edit_sizes[s], edit_stamps[s], state[s, EDIT_CLOCK]):
+                state[s, EDIT_BREAK] = lost_at
+                state[s, EDIT_CLOCK] += 1
+    # The copy cursor survives if a source it could be following (the cursor, or one the draft
+    # copied from) predicted every new token; else the copy broke where the best one stopped.
     best_source, best_kept = -1, -1
-    for which in range(2):
-        source = cursor if which == 0 else branch
+    for which in range(sources + 1):
+        source = state[s, CURSOR] if which == 0 else branches[s, which - 1]
         if source < 0:
             continue
         m = 0
@@ -122,110 +116,158 @@ def _extend(s, new, streams, tables, state, evidence, pool, pending, min_n, max_
 
 
 @njit(cache=True)
-def _propose(s, limit, streams, tables, state, evidence, pool, pending, history, history_slots, history_length,
-             min_n, max_n, recent, copy_cursor, fuzzy, prior, out, estimates):
-    """``SpeculationSession.propose(limit, sized=False, tree=False)`` for slot s: the draft
-    into ``out`` (its length returned) and each position's acceptance estimate into
-    ``estimates``."""
-    state[s, PENDING_LEN] = 0
-    if limit <= 0:
-        return 0
-    stream, length = streams[s], state[s, LENGTH]
-    start, own, match, contested = -1, True, 0, False
-    cursor = state[s, CURSOR]
-    if copy_cursor and 0 <= cursor < length:
-        start = cursor
-    else:
-        n, found, other = index_find(stream, stream[:length], min_n, max_n, recent, tables[s])
-        if fuzzy and n < FUZZY_BELOW_N:
-            start = _realign(stream, length, state[s, LOST_AT], state[s, LOST_SOURCE])
-        if start < 0 and n > 0:
-            start = found
-            contested = stream[found] != stream[other]  # (both continue before the stream's end)
-        if history_length > 0 and n < max_n:  # a longer match in earlier outputs wins
-            hn, found, _ = index_find(history, stream[max(0, length - max_n) : length], min_n, max_n, True,
-                                      history_slots)
-            if hn > n and found < history_length and history[found] != SEPARATOR:
-                start, own, match, contested = found, False, hn, False
-    if start < 0:
-        return 0
-    drafted = 0
-    if own:  # periodic past the end of the stream, as np.resize repeats
-        period = length - start
-        for j in range(limit):
-            out[j] = stream[start + j % period]
-        drafted = limit
-    else:  # a history copy stops where that output ended
-        while drafted < limit and start + drafted < history.shape[0] and history[start + drafted] != SEPARATOR:
-            out[drafted] = history[start + drafted]
-            drafted += 1
-    if own:
-        match = match_length(stream, length, start)
-    source = HISTORY if not own else CONTESTED if contested else OWN
-    position_acceptance(evidence[s], pool, prior, source, match, estimates[:drafted])
-    pending[s, :drafted] = out[:drafted]
-    state[s, PENDING_LEN] = drafted
-    state[s, PENDING_SOURCE], state[s, PENDING_MATCH] = source, match
-    state[s, PENDING_START] = start if own else -1
-    return drafted
+def _best_length(own, source, match, acceptance, costs, needs_baseline, memory):
+    """Draft length in [0, len(acceptance)] maximising expected emitted tokens per unit verify
+    cost, (1 + g_1 + ... + g_k) / cost(k + 1), g_j the product of the first j estimates, a plain
+    step scoring 1 / cost(1) = 1 (the sizing rule for one row, :func:`draft_lengths`); costs[q]
+    a forward over q tokens. ``needs_baseline``: no plain step timed at this context yet."""
+    limit = acceptance.shape[0]
+    lengths, best = draft_lengths(acceptance.copy().reshape((1, limit)), np.array([limit], dtype=np.int64),
+                                  costs[1 : limit + 2].copy(), False)
+    if lengths[0] == 0:  # not drafting: let old evidence fade so such drafts are retried
+        fade(own, source, match, memory)
+    elif best < EXPLORE_BELOW and needs_baseline:
+        return 0  # a plain step times the one-token forward here, so costs become measured
+    return lengths[0]
 
 
 @njit(cache=True)
-def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evidence, pool, pending,
-               history, history_slots, history_length, min_n, max_n, recent, copy_cursor, fuzzy, prior, memory,
-               drafts, lengths, acceptance):
+def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, streams, tables, state, evidence, pool,
+                 pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
+                 knobs, out, parents, estimates, scratch, branch):
+    """Slot s drafts up to ``limit`` tokens from up to ``wanted`` candidates (a tree where
+    several add tokens), sized by ``costs`` (q -> a forward over q tokens, q up to limit + 1)
+    where ``sized``, the tree by ``tree_costs`` (q up to max(max_tree_tokens, limit) + 1).
+    Returns (tokens in ``out``, of them the chain, whether ``parents`` holds a tree, the first
+    candidate's match length and start); ``estimates[:chain]`` each chain position's estimate.
+    out, branch, scratch: room for max(limit, max_tree_tokens) + EDIT_SPAN int32."""
+    state[s, PENDING] = 0
+    if limit <= 0:  # no room left for a draft: nothing to decide
+        return 0, 0, False, 0, -1
+    found = np.empty((2 * (knobs.max_n - knobs.min_n + 1) + 3, 4), dtype=np.int64)
+    stream, length, prompt_length = streams[s], state[s, LENGTH], state[s, PROMPT]
+    count = candidates(wanted, stream, length, tables[s], state[s, CURSOR], state[s, LOST_AT], state[s, LOST_SOURCE],
+                       history, history_slots, history_length, knobs, found)
+    if count == 0:
+        return 0, 0, False, 0, -1
+    start, first_match, own, contested = found[0, 0], found[0, 1], found[0, 2], found[0, 3]
+    edits = edit_tokens[s], edit_sizes[s], edit_stamps[s]
+    drafted, edit, edit_at = continuation(start, own, limit, stream, length, prompt_length, history, *edits, out,
+                                          scratch)
+    match = match_length(stream, length, start) if own else first_match
+    source = HISTORY if not own else CONTESTED if contested else OWN
+    position_acceptance(evidence[s], pool, knobs.prior, source, match, estimates[:drafted])
+    if sized:
+        limit = _best_length(evidence[s], source, match, estimates[:drafted], costs, needs_baseline, knobs.memory)
+    if limit <= 0:  # a match, but drafting would not pay: a plain step ("declined")
+        return 0, 0, False, first_match, start
+    chain = min(drafted, limit)
+    total = chain
+    budget = tree_budget(tree_costs, chain, knobs.max_tree_tokens) if count > 1 else chain
+    if budget > chain:
+        for i in range(chain):
+            parents[i] = i - 1
+        for c in range(1, count):
+            n, _, _ = continuation(found[c, 0], found[c, 2], limit, stream, length, prompt_length, history, *edits,
+                                   branch, scratch)
+            total = add_branch(out, parents, total, branch[:n], budget)
+    pending[s, :chain] = out[:chain]
+    state[s, PENDING], state[s, PENDING_LEN] = 1, chain
+    state[s, PENDING_SOURCE], state[s, PENDING_MATCH] = source, match
+    state[s, PENDING_EDIT], state[s, PENDING_EDIT_AT] = edit, edit_at
+    sources = 0
+    for c in range(count):
+        if found[c, 2]:
+            branches[s, sources] = found[c, 0]
+            sources += 1
+    state[s, BRANCHES] = sources
+    return total, chain, total > chain, first_match, start
+
+
+@njit(cache=True)
+def extend_slot(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes,
+                edit_stamps, knobs):
+    """Slot s takes the tokens the target emitted (``new``, int32), its pending draft having had
+    ``state[s, VERIFIED]`` tokens verified (-1: all)."""
+    _extend(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes, edit_stamps,
+            knobs)
+
+
+@njit(cache=True)
+def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evidence, pool, pending, branches,
+               edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length, knobs, drafts, lengths,
+               acceptance):
     """For each row r: slot ``slots[r]`` learns from its pending draft, appends
-    ``token_ids[rows[r], state[LENGTH]:ends[r]]`` and drafts up to ``limits[r]`` tokens into
-    ``drafts[r]`` (``lengths[r]`` of them, each position's acceptance estimate in
-    ``acceptance[r]``).
+    ``token_ids[rows[r], state[LENGTH]:ends[r]]`` and drafts a chain of up to ``limits[r]``
+    tokens, unsized, into ``drafts[r]`` (``lengths[r]`` of them, each position's acceptance
+    estimate in ``acceptance[r]``): the rows of one vLLM engine step.
 
     token_ids (R, L) int32: every row's text, as vLLM keeps it; rows, ends, slots, limits (A,)
-    int64; drafts (A, >= limits.max()) int32, lengths (A,) int64, acceptance (A, >= limits.max())
-    float64; evidence (slots, 3, SOURCES * BUCKETS), pool (3, SOURCES * BUCKETS) float64
-    (acceptance.new_evidence)."""
+    int64; drafts (A, K >= limits.max()) int32, lengths (A,) int64, acceptance (A, K) float64."""
+    width = drafts.shape[1] + EDIT_SPAN
+    out, scratch = np.zeros(width, dtype=np.int32), np.zeros(width, dtype=np.int32)
+    no_costs, no_parents = np.zeros(1), np.zeros(1, dtype=np.int32)
     for r in range(rows.shape[0]):
         s = slots[r]
         seen = state[s, LENGTH]
         if seen < ends[r]:
-            _extend(s, token_ids[rows[r], seen : ends[r]], streams, tables, state, evidence, pool, pending,
-                    min_n, max_n, memory)
-        lengths[r] = _propose(s, limits[r], streams, tables, state, evidence, pool, pending, history,
-                              history_slots, history_length, min_n, max_n, recent, copy_cursor, fuzzy, prior,
-                              drafts[r], acceptance[r])
+            _extend(s, token_ids[rows[r], seen : ends[r]], streams, tables, state, evidence, pool, pending, branches,
+                    edit_tokens, edit_sizes, edit_stamps, knobs)
+        lengths[r] = propose_slot(s, limits[r], 1, False, False, no_costs, no_costs, streams, tables, state, evidence,
+                                  pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history,
+                                  history_slots, history_length, knobs, out, no_parents, acceptance[r], scratch,
+                                  scratch)[0]
+        drafts[r, : lengths[r]] = out[: lengths[r]]
 
 
 class SessionTable:
     """Slots for requests (see the module docstring); ``config`` a SpeculatorConfig, ``history``
-    the speculator's :class:`~ngramspec.draft.history.History` or None."""
+    the speculator's :class:`~ngramspec.draft.history.History` or None, ``pool`` its pooled
+    acceptance evidence."""
 
     def __init__(self, config, history=None, slots: int = 16, pool=None):
         self.config, self.history = config, history
+        self.knobs = Knobs(config.min_n, config.max_n, config.match == "recent", config.copy_cursor,
+                           config.fuzzy_resync, config.edit_recurrence, float(config.acceptance_prior),
+                           float(config.acceptance_memory), config.max_tree_tokens)
         self.pool = new_evidence() if pool is None else pool  # (3, SOURCES * BUCKETS), shared by every slot
         self.streams = List.empty_list(types.int32[::1])
         self.tables = List.empty_list(types.uint64[::1])
         self.state = np.zeros((0, COLUMNS), dtype=np.int64)
         self.evidence = np.zeros((0,) + self.pool.shape)
         self.pending = np.zeros((0, config.max_draft_tokens), dtype=np.int32)
+        self.branches = np.zeros((0, max(config.tree_branches, 1)), dtype=np.int64)
+        self.edit_tokens, self.edit_sizes, self.edit_stamps = new_edits(0)
         self.free: list[int] = []
         self._grow(slots)
 
     def _grow(self, slots: int) -> None:
-        old = self.state.shape[0]
-        self.state = np.concatenate([self.state, np.tile(FRESH, (slots - old, 1))])
-        self.evidence = np.concatenate([self.evidence, np.zeros((slots - old,) + self.pool.shape)])
-        self.pending = np.concatenate([self.pending, np.zeros((slots - old, self.pending.shape[1]), np.int32)])
-        _append_slots(self.streams, self.tables, slots - old)
-        self.free.extend(range(slots - 1, old - 1, -1))  # lowest slot first
+        added = slots - self.state.shape[0]
+        self.state = np.concatenate([self.state, np.tile(FRESH, (added, 1))])
+        self.evidence = np.concatenate([self.evidence, np.zeros((added,) + self.pool.shape)])
+        self.pending = np.concatenate([self.pending, np.zeros((added, self.pending.shape[1]), np.int32)])
+        self.branches = np.concatenate([self.branches, np.zeros((added, self.branches.shape[1]), np.int64)])
+        self.edit_tokens, self.edit_sizes, self.edit_stamps = (
+            np.concatenate([old, fresh]) for old, fresh in zip(self.arrays()[7:10], new_edits(added)))
+        _append_slots(self.streams, self.tables, added)
+        self.free.extend(range(slots - 1, slots - added - 1, -1))  # lowest slot first
+
+    def arrays(self) -> tuple:
+        """The slots' arrays in the order the kernels take them: streams, tables, state, evidence,
+        pool, pending, branches, edit_tokens, edit_sizes, edit_stamps."""
+        return (self.streams, self.tables, self.state, self.evidence, self.pool, self.pending, self.branches,
+                self.edit_tokens, self.edit_sizes, self.edit_stamps)
 
     def new(self, prompt_length: int) -> int:
         """An empty slot for a request whose first ``prompt_length`` tokens are its prompt (they
-        arrive with the slot's first :meth:`draft` call)."""
+        arrive with the slot's first extend)."""
         if not self.free:
             self._grow(2 * self.state.shape[0])
         s = self.free.pop()
         self.state[s] = FRESH
         self.state[s, PROMPT] = prompt_length
         self.evidence[s] = 0.0
+        self.edit_stamps[s] = 0
         return s
 
     def release(self, s: int) -> None:
@@ -239,13 +281,13 @@ class SessionTable:
         return _stream(self.streams, s)[: self.state[s, LENGTH]]
 
     def finish(self, s: int) -> None:
-        """The request left: its output joins the history once (``SpeculationSession.finish``)."""
+        """The request left: its output joins the history once."""
         if self.history is not None and not self.state[s, FINISHED] and self.state[s, LENGTH] > self.state[s, PROMPT]:
             self.history.add(_stream(self.streams, s)[self.state[s, PROMPT] : self.state[s, LENGTH]])
         self.state[s, FINISHED] = 1
 
     def history_arrays(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """The shared history's tokens, n-gram table and length, as :func:`draft_rows` reads them."""
+        """The shared history's tokens, n-gram table and length, as the kernels read them."""
         if self.history is not None and self.history.index.length:
             return self.history.index.tokens, self.history.index.slots, self.history.index.length
         return _NO_HISTORY, _NO_SLOTS, 0
@@ -253,19 +295,15 @@ class SessionTable:
     def draft(self, token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray, slots: np.ndarray,
               limits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:func:`draft_rows` over these rows: (drafts (A, max_draft_tokens) int32, lengths (A,),
-        acceptance (A, max_draft_tokens)). A slot's ``VERIFIED`` (how many of its draft the next step verifies)
-        and ``ACTIVE`` (it ran in the step that just finished) are the caller's to set."""
-        c = self.config
+        acceptance (A, max_draft_tokens)). A slot's ``VERIFIED`` (how many of its draft the next
+        step verifies) and ``ACTIVE`` (it ran in the step that just finished) are the caller's to set."""
         count = rows.shape[0]
         drafts = np.zeros((count, self.pending.shape[1]), dtype=np.int32)
         lengths = np.zeros(count, dtype=np.int64)
         acceptance = np.zeros(drafts.shape)
-        history, history_slots, history_length = self.history_arrays()
         draft_rows(np.ascontiguousarray(token_ids), rows.astype(np.int64), ends.astype(np.int64),
-                   slots.astype(np.int64), np.minimum(limits, drafts.shape[1]).astype(np.int64), self.streams,
-                   self.tables, self.state, self.evidence, self.pool, self.pending, history, history_slots,
-                   history_length, c.min_n, c.max_n, c.match == "recent", c.copy_cursor, c.fuzzy_resync,
-                   c.acceptance_prior, c.acceptance_memory, drafts, lengths, acceptance)
+                   slots.astype(np.int64), np.minimum(limits, drafts.shape[1]).astype(np.int64), *self.arrays(),
+                   *self.history_arrays(), self.knobs, drafts, lengths, acceptance)
         return drafts, lengths, acceptance
 
 

@@ -24,6 +24,7 @@ from .config import SpeculatorConfig
 from .history import History
 from .index import warm_up
 from .session import SpeculationSession
+from .session import warm_up as warm_up_engine
 from .sizing import warm_up as warm_up_sizing
 from .tuning import fixed_cost_model
 
@@ -57,6 +58,7 @@ class NgramSpeculator:
         warm_up()
         warm_up_sizing()
         warm_up_acceptance()
+        warm_up_engine()
 
     @classmethod
     def for_model(cls, model, max_age_days: float = 30.0, **settings) -> NgramSpeculator:

@@ -84,11 +84,9 @@ class Proposer:
         self.propose_seconds = 0.0  # time spent inside propose(), all steps together
         self._last_drafted = 0  # draft tokens it proposed, all rows together
         self._context = 0  # the last step's tokens per row, on average
-        # propose_rows' settings, packed (each argument of a compiled call costs ~0.1 us to pass)
-        self._settings = np.array([config.min_n, config.max_n, config.match == "recent", config.copy_cursor,
-                                   config.fuzzy_resync, config.payoff_sizing, self.max_draft, self.max_model_len],
-                                  dtype=np.int64)
-        self._rates = np.array([config.acceptance_prior, config.acceptance_memory], dtype=np.float64)
+        # propose_rows' settings beyond the drafting engine's knobs, packed (each argument of a
+        # compiled call costs ~0.1 us to pass)
+        self._settings = np.array([config.payoff_sizing, self.max_draft, self.max_model_len], dtype=np.int64)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -215,9 +213,8 @@ class Proposer:
         stamp = sessions.steps + 1 if check else sessions.steps  # RowSessions.step has stamped the others
         return propose_rows(
             token_ids, ends, sampled, sessions.rows, expected if self.usual_step or not check else -1, check, stamp,
-            table.streams, table.tables, table.state, table.evidence, table.pool, table.pending, history, history_slots,
-            history_length, self._settings, self._rates, step_costs, self._work, self._drafts, self._acceptance,
-            self._kept)
+            *table.arrays(), history, history_slots, history_length, table.knobs, self._settings, step_costs,
+            self._work, self._drafts, self._acceptance, self._kept)
 
     def _allocate(self, rows: int) -> None:
         self._work = np.zeros((4, rows), dtype=np.int64)  # ROWS, SLOTS, LIMITS, LENGTHS (sized)

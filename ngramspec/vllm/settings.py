@@ -63,9 +63,6 @@ def speculator_config(max_draft: int, settings: str | None = None) -> Speculator
     base = SpeculatorConfig(max_draft_tokens=max_draft, max_tree_tokens=max(24, max_draft),
                             history_tokens=HISTORY_TOKENS)
     config = SpeculatorConfig.from_overrides(text, base=base)
-    if config.edit_recurrence:
-        raise ValueError(f"{SETTINGS_ENV} sets edit_recurrence=true, which the batched vLLM drafter does not "
-                         "implement; it applies to generate() and the ngramspec commands. Remove it here.")
     return config
 
 

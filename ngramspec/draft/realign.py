@@ -1,0 +1,59 @@
+"""Fuzzy re-alignment (``fuzzy_resync``): right after a copy broke because the model changed a
+word, where in the copied span copying resumes, before ``min_n`` exact tokens match again.
+
+Among the places c in the copied text, from just before the break to a little past it, that
+follow an occurrence of the last emitted token, the one whose preceding tokens best align with
+the last tokens emitted (normalised token Levenshtein similarity) wins; ties go to the place a
+same-length edit would reach. An insertion resumes at the break, a substitution or deletion
+past it. Worked example: the prompt copied ``a b c d e`` and the output wrote ``a X c``: the
+copy broke at ``X`` (expected ``b``); ``c`` occurred at the copied span's position 2, whose
+preceding tokens ``a b c`` align with ``a X c`` at 2/3, so copying resumes at ``d``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# Tried for up to FUZZY_WINDOW tokens after a copy broke, comparing the last FUZZY_CONTEXT
+# tokens, searching up to FUZZY_AHEAD tokens past the expected place; it outranks index matches
+# shorter than FUZZY_BELOW_N tokens.
+FUZZY_WINDOW = 12
+FUZZY_CONTEXT = 6
+FUZZY_AHEAD = 16
+FUZZY_BELOW_N = 3
+
+
+@njit(cache=True)
+def levenshtein(a, b):
+    """Edit distance of two int32 arrays (unit costs), one row of the table at a time."""
+    row = np.arange(b.shape[0] + 1)
+    for i in range(a.shape[0]):
+        diagonal, row[0] = row[0], i + 1
+        for j in range(b.shape[0]):
+            above = row[j + 1]
+            row[j + 1] = min(above + 1, row[j] + 1, diagonal + (a[i] != b[j]))
+            diagonal = above
+    return row[b.shape[0]]
+
+
+@njit(cache=True)
+def realign(stream, length, lost_at, lost_source):
+    """Where copying resumes in ``stream[:length]`` (the module's rule), the copy having broken
+    when the stream was ``lost_at`` long, at source position ``lost_source``; -1: nowhere."""
+    since = length - lost_at
+    if lost_at < 0 or since > FUZZY_WINDOW or lost_source <= 0:
+        return -1
+    last = stream[length - 1]
+    width = min(FUZZY_CONTEXT, length)
+    expected = lost_source + since  # where a same-length substitution would resume
+    best, best_similarity, best_distance = -1, 0.0, 0
+    for c in range(max(1, lost_source - 2), min(expected + FUZZY_AHEAD, lost_at)):
+        if stream[c - 1] != last:
+            continue
+        w = min(width, c)
+        similarity = 1.0 - levenshtein(stream[length - w : length], stream[c - w : c]) / w
+        distance = abs(c - expected)
+        if best < 0 or similarity > best_similarity or (similarity == best_similarity and distance < best_distance):
+            best, best_similarity, best_distance = c, similarity, distance
+    return best
