@@ -257,3 +257,14 @@ def test_layout_lists_the_package_modules(folder):
     real = {p.stem for p in (ROOT / "ngramspec" / folder).glob("*.py") if p.name != "__init__.py"}
     assert listed == real, f"ngramspec/{folder}/: Layout lists {sorted(listed - real)} that do not exist " \
                            f"and misses {sorted(real - listed)}"
+
+
+def test_real_model_test_size_is_the_tests():
+    """"its N items x M new tokens" where the README describes tests/test_real_model.py."""
+    import test_real_model
+
+    quoted = re.findall(r"real-model test \(`tests/test_real_model.py`\).*?(\d+) items x (\d+) new tokens",
+                        readme(), flags=re.S)
+    assert quoted, "README no longer says how many items and tokens the real-model test decodes"
+    for items, tokens in quoted:
+        assert (int(items), int(tokens)) == (sum(test_real_model.ITEMS.values()), test_real_model.MAX_NEW_TOKENS)
