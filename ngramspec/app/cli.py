@@ -83,12 +83,12 @@ def _config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _setting_parser(name: str):
-    """argparse ``type`` for a SpeculatorConfig field: its own parser, its own error message."""
-    from ..draft.config import SpeculatorConfig
+    """argparse ``type`` for a SpeculatorConfig field: the settings parser's reader, its message."""
+    from ..draft.config import read_setting
 
     def parse(text: str):
         try:
-            return SpeculatorConfig.parse_value(name, text)
+            return read_setting(name, text)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -235,11 +235,11 @@ def shard_by_size(sizes: list[int], processes: int) -> list[list[int]]:
 
 def _speculator_config(args):
     """The SpeculatorConfig of the --min-n ... options (bad values are usage errors)."""
-    from ..draft.config import SpeculatorConfig
+    from ..draft.config import SpeculatorConfig, config_with, setting_fields
 
-    settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(SpeculatorConfig) if hasattr(args, f.name)}
+    settings = {name: getattr(args, name) for name in setting_fields() if hasattr(args, name)}
     try:
-        return SpeculatorConfig(**settings)
+        return config_with(SpeculatorConfig(), settings)
     except (TypeError, ValueError) as err:
         raise CliError(f"speculator setting: {err}") from None
 
