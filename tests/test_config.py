@@ -114,7 +114,7 @@ def _by_flags(text):
 
     argv = ["rewrite", "in.txt", "--instruction", "x"]
     for name, value in split_settings(text).items():
-        flag = "--" + name.replace("_", "-")
+        flag = "--" + name.replace("_", "-").replace(".", "-")  # cost_tuning.window: --cost-tuning-window
         argv += [flag] if value == "true" else ["--no-" + flag[2:]] if value == "false" else [flag, value]
     return _speculator_config(build_parser().parse_args(argv))
 
@@ -155,6 +155,7 @@ ROUTES = {"keywords": (_by_keywords, SpeculatorConfig), "flags": (_by_flags, Spe
     "payoff_sizing=false,acceptance_prior=0.6,acceptance_memory=0.8",
     "match=earliest,copy_cursor=false,fuzzy_resync=true",
     "history_tokens=5000,tree_branches=2",
+    "cost_tuning.window=20,max_n=4,cost_tuning.explore_scale=0.5",
 ])
 def test_every_route_gives_the_same_config_for_the_same_text(text):
     assert parse_config(text) != SpeculatorConfig()
@@ -169,6 +170,8 @@ def test_every_route_gives_the_same_config_for_the_same_text(text):
     ("verify_cost=1:1,8:abc", "verify_cost must be auto or a cost curve"),
     ("min_n=0", "min_n must be >= 1"),
     ("acceptance_memory=1.5", r"acceptance_memory must be in \[0, 1\]"),
+    ("cost_tuning.window=0", r"cost_tuning.window must be >= 1"),
+    ("cost_tuning.same_load=fast", r"cost_tuning.same_load must be a number, got 'fast'"),
 ])
 def test_every_route_refuses_a_bad_setting_with_the_same_message(text, message, capsys):
     from ngramspec.app.process import CliError
@@ -192,3 +195,19 @@ def test_keywords_name_an_unknown_setting_like_text_does():
         NgramSpeculator(n_max=3)
     with pytest.raises(SettingError, match="unknown speculator setting 'n_max'"):
         NgramSpeculator(SpeculatorConfig(), n_max=3)
+
+
+def test_the_cost_models_tuning_is_a_sub_config_the_speculator_hands_on():
+    from ngramspec.cost.costmodel import CostModelTuning
+
+    tuning = CostModelTuning(window=5, min_samples=1)
+    assert NgramSpeculator(cost_tuning=tuning).cost_model.tuning == tuning
+    assert NgramSpeculator(cost_tuning=tuning, verify_cost=((1, 1.0), (8, 1.5))).cost_model.tuning == tuning
+    assert parse_config("cost_tuning.window=5,cost_tuning.min_samples=1").cost_tuning == tuning
+    # a group's settings stack over the base's sub-config, not over the defaults
+    assert parse_config("cost_tuning.window=7", parse_config("cost_tuning.min_samples=1")).cost_tuning == (
+        CostModelTuning(window=7, min_samples=1))
+    with pytest.raises(SettingError, match="cost_tuning must be a CostModelTuning"):
+        SpeculatorConfig(cost_tuning={"window": 5})
+    with pytest.raises(SettingError, match=r"cost_tuning.min_samples \(9\) must be <= window \(5\)"):
+        parse_config("cost_tuning.window=5,cost_tuning.min_samples=9")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields, is_dataclass, replace
 
+from ..cost.costmodel import CostModelTuning
 from ..cost.curves import DEFAULT_CPU_CURVE, CostCurve
 
 MATCH_POLICIES = ("recent", "earliest")
@@ -88,6 +89,9 @@ class SpeculatorConfig:
             fix applied throughout); an edit the target refuses is forgotten. Opt-in, and not in
             the vLLM drafter: replay of the 220 greedy traces moves -0.1% to +0.1% (their edits
             rarely recur); a rename repeated through a text needs 27 verify passes instead of 119.
+        cost_tuning: how the online cost model (``verify_cost`` None) learns from timings:
+            :class:`~ngramspec.cost.costmodel.CostModelTuning`, its settings named
+            ``cost_tuning.window`` and so on in settings text.
     """
 
     min_n: int = 1
@@ -104,12 +108,16 @@ class SpeculatorConfig:
     max_tree_tokens: int = 32
     history_tokens: int = 0
     edit_recurrence: bool = False
+    # --- Tuning that once lived in module constants (issue 40); defaults as those were ---
+    cost_tuning: CostModelTuning = CostModelTuning()
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value, kind = getattr(self, f.name), _type_name(f.type)
             if kind in TYPE_CHECKS and not TYPE_CHECKS[kind][0](value):
                 raise SettingError(f"{f.name} must be {TYPE_CHECKS[kind][1]}, got {value!r}.")
+            if is_dataclass(f.default) and not isinstance(value, type(f.default)):  # a sub-config
+                raise SettingError(f"{f.name} must be a {type(f.default).__name__}, got {value!r}.")
         if self.min_n < 1:
             raise SettingError(f"min_n must be >= 1 (got {self.min_n}): an n-gram has at least one token.")
         if self.max_n < self.min_n:

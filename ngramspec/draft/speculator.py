@@ -46,7 +46,8 @@ class NgramSpeculator:
         self.history = History(config) if config.history_tokens > 0 else None
         # One cost model per speculator (a model on a device), shared by its calls; with
         # verify_cost=None it starts from the CPU prior and learns from their forward timings.
-        self.cost_model = OnlineCost() if config.verify_cost is None else fixed_cost_model(config)
+        self.cost_model = (OnlineCost(tuning=config.cost_tuning) if config.verify_cost is None
+                           else fixed_cost_model(config))
         # Acceptance evidence pooled over this speculator's requests (ngramspec.draft.acceptance).
         self.pool = new_evidence()
         warm_up()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 
-from ..cost.costmodel import OnlineCost
 from ..cost.curves import CostPrior
 from ..draft.config import SpeculatorConfig, config_with, read_settings
 
@@ -85,7 +84,7 @@ def step_prior(config: SpeculatorConfig, device: str) -> CostPrior:
             "ngramspec starts from a step cost measured on a 2-core CPU, but this engine runs on %s: "
             "until it has timed ~%d steps of its own, drafts are sized for the CPU. To start from a "
             "measured cost, run `python -m eval.vllm_cost --out cost.json` once and set %s=cost.json.",
-            device, OnlineCost.MIN_STEPS, COST_FILE_ENV)
+            device, config.cost_tuning.min_steps, COST_FILE_ENV)
     return VLLM_CPU_PRIOR
 
 
