@@ -350,8 +350,9 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from ngramspec import SpeculatorConfig, load_model
+    from ngramspec import load_model
     from ngramspec.cost.curves import cached_cost_curve, measure_cost_curve
+    from ngramspec.draft.config import parse_config
 
     if args.methods[0].kind != "greedy" or len(args.methods) < 2:
         raise ValueError(f"--methods must start with greedy and name others among {', '.join(TRANSFORMERS)}")
@@ -375,7 +376,7 @@ def main(args) -> int:
             raise ValueError(f"--device {args.device}: this machine has no CUDA device")
     result = {"rows": [], "paired": [], "batches": [], "verify_costs": {}, "measured_costs": {}, "learned_costs": {},
               "command": args.command_line, "threads": torch.get_num_threads(), "torch": torch.__version__}
-    config = SpeculatorConfig.from_overrides(args.settings or "")
+    config = parse_config(args.settings or "")
 
     def report(part=None, line=None):
         """Print ``line`` and rewrite bench.md/bench.json with everything so far plus ``part``."""

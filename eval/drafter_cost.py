@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from ngramspec import NgramSpeculator, SpeculatorConfig
+from ngramspec.draft.config import parse_config
 
 from .options import add_options, ints
 
@@ -46,7 +47,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    config = SpeculatorConfig.from_overrides(args.settings or "")
+    config = parse_config(args.settings or "")
     print(f"drafter cost per step (propose + extend, median of {args.steps}); {config}")
     for context in args.contexts:
         print(f"  context {context:>7,} tokens: {drafter_us_per_step(config, context, args.steps):6.2f} us")

@@ -142,11 +142,13 @@ class _Tokens:
         return int(self.tokens.shape[0])
 
 
-def make_drafter(method, eos_token_ids=()):
+def make_drafter(method, eos_token_ids=(), base=None):
     """A ``start(prompt_ids)`` factory for a replay method (eval/methods.py, text or parsed):
     ``hf-pld``, ``ngram[:min_n=5,max_n=5,k=5]``, ``suffix[:k=24,cached=10000,...]``,
-    ``ngramspec[:settings]``."""
-    from ngramspec import NgramSpeculator, SpeculatorConfig
+    ``ngramspec[:settings]`` (its settings over ``base``, a SpeculatorConfig; default: the
+    defaults)."""
+    from ngramspec import NgramSpeculator
+    from ngramspec.draft.config import parse_config
 
     from .methods import NGRAM_DEFAULTS, parse_method
 
@@ -157,4 +159,4 @@ def make_drafter(method, eos_token_ids=()):
         return ReferenceDrafter(VLLMNgramSession, **spec.typed(NGRAM_DEFAULTS))
     if spec.kind == "suffix":
         return SuffixDecodingDrafter(**spec.typed())
-    return NgramSpeculator(SpeculatorConfig.from_overrides(spec.settings))
+    return NgramSpeculator(parse_config(spec.settings, base))

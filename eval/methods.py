@@ -24,7 +24,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from ngramspec.draft.config import SpeculatorConfig, parse_settings
+from ngramspec.draft.config import parse_config, split_settings
 
 HF_PLD_TOKENS = 10
 # kind -> the settings it takes: a type per name, or None (SpeculatorConfig's own settings)
@@ -69,7 +69,7 @@ class MethodSpec:
     @property
     def values(self) -> dict[str, str]:
         """The settings by name, values still text (ngramspec's settings parser)."""
-        return parse_settings(self.settings)
+        return split_settings(self.settings)
 
     def typed(self, defaults: dict | None = None) -> dict:
         """The settings converted to their types, over ``defaults``."""
@@ -91,11 +91,11 @@ def parse_method(text: str, allowed=tuple(KINDS)) -> MethodSpec:
                 f"'{kind}' is not taken here; " if kind in KINDS else "")
         raise ValueError(f"unknown method {text.strip()!r}: {hint}use {_methods_help(allowed)}")
     rest = ",".join(part.strip() for part in rest.split(",") if part.strip())
-    settings = parse_settings(rest)
+    settings = split_settings(rest)
     known = KINDS[kind]
     try:
         if known is None:
-            SpeculatorConfig.from_overrides(rest)  # unknown names and bad values end here
+            parse_config(rest)  # unknown names and bad values end here
         else:
             for name, value in settings.items():
                 if name not in known:
@@ -149,7 +149,7 @@ def make_method(spec: MethodSpec | str) -> Method:
 
     spec = parse_method(spec, TRANSFORMERS) if isinstance(spec, str) else spec
     if spec.kind == "ngramspec":
-        return Method(spec.name, NgramSpeculator(SpeculatorConfig.from_overrides(spec.settings)))
+        return Method(spec.name, NgramSpeculator(parse_config(spec.settings)))
     return Method(spec.name)
 
 

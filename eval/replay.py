@@ -13,6 +13,7 @@ from pathlib import Path
 
 import tasks
 from ngramspec.cost.curves import DEFAULT_CPU_CURVE, CostCurve
+from ngramspec.draft.config import SpeculatorConfig
 from ngramspec.draft.replay import replay
 from ngramspec.util.files import write_atomic
 
@@ -57,10 +58,10 @@ def replay_all(traces: list[dict], methods, cost: CostCurve, eos_token_ids=(), v
         if oracle:
             max_draft = method.typed({"k": ORACLE_MAX_DRAFT})["k"]
         else:
+            # ngramspec sizes its drafts by the scoring curve unless its settings name a verify_cost
+            scoring = SpeculatorConfig(verify_cost=cost.points) if method.kind.startswith("ngramspec") else None
             drafter = make_drafter(MethodSpec("ngramspec", method.settings) if truth_sized or leads else method,
-                                   eos_token_ids)
-            if method.kind.startswith("ngramspec") and "verify_cost" not in method.values:  # size by the scoring curve
-                drafter = type(drafter)(drafter.config, verify_cost=cost.points)
+                                   eos_token_ids, base=scoring)
         for number, trace in enumerate(traces):
             if oracle:
                 tokens, forwards, total = oracle_replay(trace["prompt_ids"], trace["output_ids"], cost, max_draft)

@@ -531,20 +531,20 @@ def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run(tiny_model_
 def test_every_speculator_setting_is_an_explained_option_parsed_like_the_config():
     """--help says what each setting does (its first sentence in SpeculatorConfig's docstring),
     and each option is parsed by the config's own parser: a cost curve, "auto", a bad value."""
-    import dataclasses
-
     from ngramspec.app.cli import _speculator_config, build_parser
-    from ngramspec.draft.config import SpeculatorConfig
+    from ngramspec.draft.config import SpeculatorConfig, setting_fields
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices["rewrite"]
     helps = {a.dest: a.help for a in sub._actions}
-    for f in dataclasses.fields(SpeculatorConfig):
-        assert len(helps[f.name]) > 20 and "``" not in helps[f.name] and ":mod:" not in helps[f.name], f.name
+    for name in setting_fields():  # a sub-config's settings too: --cost-tuning-window
+        assert len(helps[name]) > 20 and "``" not in helps[name] and ":mod:" not in helps[name], name
     assert helps["edit_recurrence"].startswith("edits recur")
     base = ["rewrite", "in.txt", "--instruction", "x"]
     config = _speculator_config(parser.parse_args(base + ["--verify-cost", "1:1,8:1.5", "--no-copy-cursor"]))
     assert config.verify_cost == ((1, 1.0), (8, 1.5)) and config.copy_cursor is False
     assert _speculator_config(parser.parse_args(base)) == SpeculatorConfig()  # "auto" is the default: None
+    tuned = _speculator_config(parser.parse_args(base + ["--cost-tuning-window", "20", "--cost-tuning-same-load", "2"]))
+    assert (tuned.cost_tuning.window, tuned.cost_tuning.same_load) == (20, 2.0)
     with pytest.raises(SystemExit):
         parser.parse_args(base + ["--verify-cost", "1:1,8:abc"])

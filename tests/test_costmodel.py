@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ngramspec import NgramSpeculator
-from ngramspec.cost.costmodel import OnlineCost
+from ngramspec.cost.costmodel import CostModelTuning, OnlineCost
 from ngramspec.cost.curves import CostCurve, CostPrior
 from ngramspec.cost.fit import line_scale
 from ngramspec.cost.timer import ForwardTimer
@@ -77,11 +77,11 @@ def test_a_stale_estimate_heals_once_plain_steps_show_the_load_has_changed():
     speed must bring the estimate back to the prior (here and in the context next to it), so
     drafting is tried again; steady drafting keeps its measurements."""
     model = OnlineCost(CostPrior(((1, 100, LOW.points),)))
-    for _ in range(OnlineCost.WINDOW):
+    for _ in range(CostModelTuning().window):
         model.observe(1, 500, 0.030)  # everything slow during the patch
         model.observe(8, 500, 0.120)
     assert model(8, 500) == pytest.approx(4.0) and model(8, 720) == pytest.approx(4.0)  # the next context: scaled
-    for _ in range(OnlineCost.WINDOW - 1):
+    for _ in range(CostModelTuning().window - 1):
         model.observe(1, 500, 0.010)  # the patch is over; only plain steps now
     assert model(8, 500) == pytest.approx(0.120 / 0.010)  # not yet: one slow one-token timing left
     model.observe(1, 500, 0.010)
@@ -102,14 +102,14 @@ def test_a_neighbouring_context_does_not_keep_a_stale_estimate_alive():
     1100 the patch ends and plain steps refresh the baseline: neither the dropped cell nor the
     neighbour's equally old one may speak for 1100 any more."""
     model = OnlineCost(CostPrior(((1, 100, LOW.points),)))
-    for _ in range(OnlineCost.WINDOW):
+    for _ in range(CostModelTuning().window):
         model.observe(1, 800, 0.030)
     for _ in range(3):
         model.observe(8, 800, 0.120)
         model.observe(1, 1100, 0.030)
         model.observe(8, 1100, 0.120)
     assert model(8, 1100) == pytest.approx(4.0)
-    for _ in range(OnlineCost.WINDOW):
+    for _ in range(CostModelTuning().window):
         model.observe(1, 1100, 0.010)  # the patch is over
     assert model(8, 1100) == pytest.approx(LOW(8))
 
@@ -318,3 +318,12 @@ def test_steps_crowded_at_small_drafts_do_not_make_long_drafts_look_free():
         excess = 2.0 * (prior.relative(25, 300) - 1) if tokens == 25 else 0.0
         model.observe_step(tokens, 300, 1, 0.010 * (1 + excess) * rng.uniform(0.95, 1.05))
     assert 1.7 <= model.step_scale(1, 300) <= 3.0
+
+
+def test_the_tuning_sets_how_many_timings_count():
+    """CostModelTuning.min_samples: a cell's median counts from that many timings on."""
+    one = OnlineCost(CostPrior(((1, 100, LOW.points),)), tuning=CostModelTuning(min_samples=1))
+    three = OnlineCost(CostPrior(((1, 100, LOW.points),)))
+    for model in (one, three):
+        model.observe(1, 100, 0.01)
+    assert not one.needs_baseline(100) and three.needs_baseline(100)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -60,35 +59,37 @@ EXIT_FAILED, EXIT_USAGE, EXIT_GUARDED, EXIT_DEGENERATE, EXIT_INTERRUPTED = 1, 2,
 
 
 def _config_options(parser: argparse.ArgumentParser) -> None:
-    """One --option per simple SpeculatorConfig field, defaults read from the dataclass."""
-    from ..draft.config import SpeculatorConfig
+    """One --option per speculator setting (a sub-config's ``cost_tuning.window`` as
+    --cost-tuning-window), defaults read from the dataclasses."""
+    from ..draft.config import SpeculatorConfig, setting_fields
 
     group = parser.add_argument_group("speculator settings (defaults from SpeculatorConfig)")
+    tuning = parser.add_argument_group("speculator tuning (rarely changed; SpeculatorConfig's sub-configs)")
     described = SpeculatorConfig.describe()
-    for f in dataclasses.fields(SpeculatorConfig):
-        flag = "--" + f.name.replace("_", "-")
+    for name, (_, f) in setting_fields().items():
+        flag, where = "--" + name.replace("_", "-").replace(".", "-"), tuning if "." in name else group
         if isinstance(f.default, bool):
-            group.add_argument(flag, dest=f.name, default=f.default, action=argparse.BooleanOptionalAction,
-                               help=described[f.name])
+            where.add_argument(flag, dest=name, default=f.default, action=argparse.BooleanOptionalAction,
+                               help=described[name])
         else:
             # verify_cost's default None is "auto" (argparse passes a text default through type)
-            default, text = f.default, described[f.name]
-            if f.name == "verify_cost":
+            default, text = f.default, described[name]
+            if name == "verify_cost":
                 default = "auto"
                 text += " Or a fixed curve, q:cost pairs relative to one token: 1:1.0,8:1.5,24:2.0."
-            group.add_argument(flag, dest=f.name, default=default, type=_setting_parser(f.name),
+            where.add_argument(flag, dest=name, default=default, type=_setting_parser(name),
                                metavar=f.name.upper(), help=text)
     group.add_argument("--no-speculation", action="store_true",
                        help="plain decoding, for comparison (same output when greedy, just slower)")
 
 
 def _setting_parser(name: str):
-    """argparse ``type`` for a SpeculatorConfig field: its own parser, its own error message."""
-    from ..draft.config import SpeculatorConfig
+    """argparse ``type`` for a SpeculatorConfig field: the settings parser's reader, its message."""
+    from ..draft.config import read_setting
 
     def parse(text: str):
         try:
-            return SpeculatorConfig.parse_value(name, text)
+            return read_setting(name, text)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -235,11 +236,11 @@ def shard_by_size(sizes: list[int], processes: int) -> list[list[int]]:
 
 def _speculator_config(args):
     """The SpeculatorConfig of the --min-n ... options (bad values are usage errors)."""
-    from ..draft.config import SpeculatorConfig
+    from ..draft.config import SpeculatorConfig, config_with, setting_fields
 
-    settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(SpeculatorConfig) if hasattr(args, f.name)}
+    settings = {name: getattr(args, name) for name in setting_fields() if hasattr(args, name)}
     try:
-        return SpeculatorConfig(**settings)
+        return config_with(SpeculatorConfig(), settings)
     except (TypeError, ValueError) as err:
         raise CliError(f"speculator setting: {err}") from None
 

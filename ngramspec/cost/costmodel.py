@@ -13,8 +13,8 @@ differs across machines, devices, dtypes and loads; the loop runs every forward 
 timing them costs nothing (on CUDA, events read a step later: no added sync).
 
 The estimate per half-octave of context: where both the one-token cell and the q-token cell
-hold at least ``MIN_SAMPLES`` timings, their ratio of medians (robust: one slow step or a noisy
-neighbour moves a median little); else that ratio at the nearest context (within two
+hold at least ``min_samples`` timings (:class:`CostModelTuning`), their ratio of medians
+(robust: one slow step or a noisy neighbour moves a median little); else that ratio at the nearest context (within two
 half-octaves) where both are measured. Elsewhere the prior, with its excess cost (cost - 1)
 scaled by how far the measured cells of that context, or the nearest measured context, are
 from it. A batch of R rows is measured the same way against its own plain step (R tokens).
@@ -24,7 +24,7 @@ patch (a noisy neighbour) inflated it, drafting declines and nothing would time 
 plain steps keep refreshing the one-token cell at the new speed. So a q-token cell whose newest
 timing is older than every timing of its context's (full) one-token cell is dropped: its
 timings come from another period. The prior then holds until drafting times that size again,
-and that first new timing counts at once (one retry, not MIN_SAMPLES, where drafting really
+and that first new timing counts at once (one retry, not min_samples, where drafting really
 does not pay).
 
 One model may serve several threads (one speculator shared by concurrent ``generate()``
@@ -37,6 +37,7 @@ import math
 import statistics
 import threading
 from collections import deque
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from itertools import chain
 
@@ -46,19 +47,81 @@ from .curves import CPU_PRIOR, CostPrior
 from .fit import line_scale
 
 
+@dataclass(frozen=True)
+class CostModelTuning:
+    """How :class:`OnlineCost` learns from timings (``SpeculatorConfig.cost_tuning``; on a
+    command line ``cost_tuning.window=20``). The defaults were chosen on the 2-core CPU.
+
+    Attributes:
+        window: forward timings kept per cell (row count, context half-octave, tokens): the
+            newest, so the estimate follows a changing load.
+        min_samples: timings a cell needs before its median counts (a cell re-timed after it
+            went stale counts from its first).
+        same_load: a neighbouring context's cells speak for this one only where both plain
+            steps ran within this factor of each other's speed (a context the request left
+            during a slow patch is never re-timed).
+        step_window: engine steps (vLLM) kept per window of row count and context octave, so a
+            changed machine or load is learned within this many steps.
+        step_refit: timed steps between refits of a window's line once one is measured (a fit
+            over a full window costs ~60 us; half the default window is renewed between fits).
+        min_steps: steps a window needs before a line is fitted through it, and the refit
+            interval while none is measured.
+        min_spread: least spread in x (the prior's excess cost, max - min) that measures a slope.
+        step_context_reach: octaves of context a window with no line of its own looks across
+            to borrow the nearest one's.
+        explore_every: where no line is measured yet, one engine step in this many is sized as
+            if extra positions were cheap (a prior that makes drafts look dear would keep every
+            step plain and never learn otherwise).
+        explore_scale: what such a step takes extra positions to cost, as a fraction of the
+            prior's excess.
+    """
+
+    window: int = 15
+    min_samples: int = 3
+    same_load: float = 1.5
+    step_window: int = 128
+    step_refit: int = 64
+    min_steps: int = 8
+    min_spread: float = 0.05
+    step_context_reach: int = 4
+    explore_every: int = 4
+    explore_scale: float = 0.25
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            number = (int,) if f.type in ("int", int) else (int, float)
+            if not isinstance(value, number) or isinstance(value, bool):
+                raise TypeError(f"{f.name} must be {'an int' if number == (int,) else 'a number'}, got {value!r}.")
+        for name in ("window", "min_samples", "step_window", "step_refit", "explore_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.min_samples > self.window:
+            raise ValueError(f"min_samples ({self.min_samples}) must be <= window ({self.window}): a cell never "
+                             "holds more timings than its window.")
+        if self.min_steps < 2 or self.min_steps > self.step_window:
+            raise ValueError(f"min_steps must be >= 2 (a line needs two points) and <= step_window "
+                             f"({self.step_window}), got {self.min_steps}.")
+        if not self.same_load >= 1.0:
+            raise ValueError(f"same_load must be >= 1 (a ratio of speeds), got {self.same_load}.")
+        if not self.min_spread >= 0.0 or self.step_context_reach < 0:
+            raise ValueError(f"min_spread and step_context_reach must be >= 0, got {self.min_spread} and "
+                             f"{self.step_context_reach}.")
+        if not 0.0 <= self.explore_scale <= 1.0:
+            raise ValueError(f"explore_scale must be in [0, 1], got {self.explore_scale}.")
+
+
 class OnlineCost:
     """``cost(tokens, context, rows)``: one forward over ``tokens`` new tokens of ``rows`` rows
     (each with ``context`` cached tokens, on average) relative to a plain step of the same rows
     (``rows`` tokens): the prior, refined by observed forward times (module doc). A row alone:
     relative to a one-token forward. Each row count learns from its own forwards (a batch's
-    plain steps are its baseline), so batched sizing is measured too, not only the prior."""
+    plain steps are its baseline), so batched sizing is measured too, not only the prior.
+    ``tuning``: how it learns (:class:`CostModelTuning`; default: its defaults)."""
 
-    WINDOW = 15  # timings kept per cell: the newest, so the estimate follows a changing load
-    MIN_SAMPLES = 3
-    SAME_LOAD = 1.5  # plain steps of two nearby contexts this close in time: the same load
-
-    def __init__(self, prior: CostPrior | None = None, learn: bool = True):
+    def __init__(self, prior: CostPrior | None = None, learn: bool = True, tuning: CostModelTuning | None = None):
         self.prior = CPU_PRIOR if prior is None else prior
+        self.tuning = CostModelTuning() if tuning is None else tuning
         # learn=False: a fixed curve (``verify_cost=...``) that timings never move, read the same way
         self.learn = learn
         self._lock = threading.Lock()
@@ -91,10 +154,10 @@ class OnlineCost:
             self.observations += 1
             cell = self._cells.get(key)
             if cell is None:
-                cell = self._cells[key] = deque(maxlen=self.WINDOW)
+                cell = self._cells[key] = deque(maxlen=self.tuning.window)
             cell.append((self.observations, float(seconds)))
             if key in self._retimed:  # a size re-timed after a drop: its news counts at once
-                if len(cell) >= self.MIN_SAMPLES:
+                if len(cell) >= self.tuning.min_samples:
                     self._retimed.discard(key)
                 self._tables.clear()
                 self._scales.clear()
@@ -108,7 +171,7 @@ class OnlineCost:
         key = (rows, self.bucket(context), rows)
         with self._lock:  # what _median would find, without taking the median (a plain cell is never stale)
             cell = self._cells.get(key)
-            return cell is None or len(cell) < (1 if key in self._retimed else self.MIN_SAMPLES)
+            return cell is None or len(cell) < (1 if key in self._retimed else self.tuning.min_samples)
 
     def _median(self, rows: int, bucket: int, tokens: int) -> float | None:
         key, base = (rows, bucket, tokens), (rows, bucket, rows)
@@ -116,22 +179,22 @@ class OnlineCost:
             cell = self._cells.get(key)
             timings = list(cell) if cell is not None else []
             plain = self._cells.get(base) if tokens != rows else None
-            if timings and plain is not None and len(plain) == self.WINDOW and timings[-1][0] < plain[0][0]:
+            if timings and plain is not None and len(plain) == self.tuning.window and timings[-1][0] < plain[0][0]:
                 del self._cells[key]  # stale (module doc): the prior holds again
                 self._retimed.add(key)
                 self._tables.clear()  # cached costs and scales may have used it
                 self._scales.clear()
                 self._lines.clear()
                 timings = []
-            needed = 1 if key in self._retimed else self.MIN_SAMPLES
+            needed = 1 if key in self._retimed else self.tuning.min_samples
         return statistics.median(s for _, s in timings) if timings and len(timings) >= needed else None
 
     def _current(self, rows: int, bucket: int, other: int) -> bool:
         """May a neighbouring context's cells speak for this one? Only where both plain steps
-        ran at a similar speed (within SAME_LOAD): a context the request left during a slow
+        ran at a similar speed (within same_load): a context the request left during a slow
         patch is never re-timed, so its ratio must not outlive the patch here."""
         here, there = self._median(rows, bucket, rows), self._median(rows, other, rows)
-        return here is None or there is None or 1 / self.SAME_LOAD <= there / here <= self.SAME_LOAD
+        return here is None or there is None or 1 / self.tuning.same_load <= there / here <= self.tuning.same_load
 
     @staticmethod
     def context_of(bucket: int) -> int:
@@ -252,19 +315,10 @@ class OnlineCost:
     # A robust line through the window (Theil-Sen: the median of pairwise slopes b, then the
     # median intercept a, the plain step's time) gives the excess scale b / a. A load that
     # slows every step alike scales a and b alike and leaves it unchanged; the window keeps the
-    # newest steps, so a changed machine or load is learned within STEP_WINDOW steps. A window
+    # newest steps, so a changed machine or load is learned within step_window steps. A window
     # with no line yet borrows the nearest one's: the same context with other row counts, then
-    # the nearest contexts (up to STEP_CONTEXT_REACH octaves away).
-    STEP_WINDOW = 128
-    STEP_REFIT = 64  # half the window renewed between fits
-    MIN_STEPS = 8
-    MIN_SPREAD = 0.05  # least spread in x (max - min) that measures a slope
-    STEP_CONTEXT_REACH = 4
-    # Where no line is measured yet (too few steps, or all of one size: a prior that makes
-    # drafts look dear keeps every step plain and would never learn otherwise), one step in
-    # EXPLORE_EVERY is sized as if extra positions cost EXPLORE_SCALE of the prior's excess.
-    EXPLORE_EVERY = 4
-    EXPLORE_SCALE = 0.25
+    # the nearest contexts (up to step_context_reach octaves away). Where no line is measured
+    # yet, one step in explore_every is sized optimistically (CostModelTuning).
 
     def observe_step(self, tokens: int, context: int, rows: int, seconds: float) -> None:
         """One engine step over ``tokens`` scheduled tokens (every row's last token and draft)
@@ -281,7 +335,7 @@ class OnlineCost:
         with self._lock:
             window = self._steps.get(key)
             if window is None:
-                window = self._steps[key] = deque(maxlen=self.STEP_WINDOW)
+                window = self._steps[key] = deque(maxlen=self.tuning.step_window)
             window.append((excess, float(seconds)))
             self.steps_observed += 1
 
@@ -292,29 +346,29 @@ class OnlineCost:
     def step_scale(self, rows: int, context: int = 512) -> float | None:
         """How the measured excess cost of a step of ``rows`` rows with ``context`` tokens each
         compares with the prior's (1: as the prior says), from its window or the nearest one
-        that measures it; None where none does. Refitted after STEP_REFIT more timed steps (an
-        engine asks every step; a fit over a full window costs ~60 us), or MIN_STEPS while none
-        is measured in the first STEP_REFIT steps."""
+        that measures it; None where none does. Refitted after step_refit more timed steps (an
+        engine asks every step; a fit over a full window costs ~60 us), or min_steps while none
+        is measured in the first step_refit steps."""
         bucket = self._step_key(rows, context)
         cached = self._step_scales.get(bucket)
-        # Every MIN_STEPS steps while nothing is measured yet, then every STEP_REFIT (a window of
+        # Every min_steps steps while nothing is measured yet, then every step_refit (a window of
         # steps that all drafted alike measures no slope, and refitting it every few steps
         # would cost more than the drafting).
-        measured = cached is not None and (cached[1] is not None or self.steps_observed >= self.STEP_REFIT)
-        refit = self.STEP_REFIT if measured else self.MIN_STEPS
+        measured = cached is not None and (cached[1] is not None or self.steps_observed >= self.tuning.step_refit)
+        refit = self.tuning.step_refit if measured else self.tuning.min_steps
         if cached is not None and self.steps_observed - cached[0] < refit:
             return cached[1]
         scale = None
-        reach = range(self.STEP_CONTEXT_REACH + 1)
+        reach = range(self.tuning.step_context_reach + 1)
         for near in ((bucket[0] + r, bucket[1] + sign * c) for c in reach for sign in (1, -1)[: 1 + (c > 0)]
                      for r in (0, -1, 1, -2, 2)):
             with self._lock:
                 window = self._steps.get(near, ())
-                if len(window) < self.MIN_STEPS:
+                if len(window) < self.tuning.min_steps:
                     continue
                 points = np.fromiter(chain.from_iterable(window), dtype=np.float64, count=2 * len(window))
             x, seconds = points.reshape(-1, 2).T.copy()  # contiguous rows: the types line_scale is compiled for
-            fitted = line_scale(x, seconds, self.MIN_STEPS, self.MIN_SPREAD)
+            fitted = line_scale(x, seconds, self.tuning.min_steps, self.tuning.min_spread)
             if fitted >= 0:
                 scale = fitted
                 break
@@ -328,7 +382,8 @@ class OnlineCost:
         the fitted scale changes (an engine asks every step)."""
         scale = self.step_scale(rows, context)
         if scale is None:  # nothing measured here yet: the prior, and every few steps an optimistic try
-            scale = self.EXPLORE_SCALE if step % self.EXPLORE_EVERY == self.EXPLORE_EVERY - 1 else 1.0
+            every = self.tuning.explore_every
+            scale = self.tuning.explore_scale if step % every == every - 1 else 1.0
         key = (rows, positions, self.bucket(context), scale)
         costs = self._step_tables.get(key)
         if costs is None:

@@ -1,11 +1,15 @@
 """Every knob of the speculator, in one frozen dataclass validated at construction, and the
-one parser of ``name=value,...`` settings text that every command line uses."""
+one settings parser every route uses: keyword arguments (``NgramSpeculator(max_n=4)``), the
+command line's flags, ``NGRAMSPEC_SETTINGS`` (vLLM) and ``ngramspec:max_n=4`` method strings
+all end in :func:`config_with`, text on the way through :func:`read_setting`, so one name and
+one value give one config, or one :class:`SettingError`, whichever way they came."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass, replace
 
+from ..cost.costmodel import CostModelTuning
 from ..cost.curves import DEFAULT_CPU_CURVE, CostCurve
 
 MATCH_POLICIES = ("recent", "earliest")
@@ -15,21 +19,10 @@ MATCH_POLICIES = ("recent", "earliest")
 CPU_VERIFY_COST = DEFAULT_CPU_CURVE.points
 
 
-def parse_settings(text: str) -> dict[str, str]:
-    """``"min_n=1, max_n=4"`` -> ``{"min_n": "1", "max_n": "4"}`` (values still text). A part
-    without ``=`` continues the previous value, so a value may hold commas:
-    ``verify_cost=1:1.0,8:1.5``."""
-    values: dict[str, str] = {}
-    name = None
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        if "=" in part:
-            name, value = (s.strip() for s in part.split("=", 1))
-            values[name] = value
-        elif name is not None:
-            values[name] += "," + part
-        else:
-            raise ValueError(f"expected name=value in {text!r}")
-    return values
+class SettingError(ValueError, TypeError):
+    """A bad setting, by whichever route it came: the message names the setting and what it
+    takes. Both a ValueError (a bad value) and a TypeError (a value of the wrong type), so a
+    caller that catches either one sees every bad setting."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +89,9 @@ class SpeculatorConfig:
             fix applied throughout); an edit the target refuses is forgotten. Opt-in, and not in
             the vLLM drafter: replay of the 220 greedy traces moves -0.1% to +0.1% (their edits
             rarely recur); a rename repeated through a text needs 27 verify passes instead of 119.
+        cost_tuning: how the online cost model (``verify_cost`` None) learns from timings:
+            :class:`~ngramspec.cost.costmodel.CostModelTuning`, its settings named
+            ``cost_tuning.window`` and so on in settings text.
     """
 
     min_n: int = 1
@@ -112,84 +108,190 @@ class SpeculatorConfig:
     max_tree_tokens: int = 32
     history_tokens: int = 0
     edit_recurrence: bool = False
+    # --- Tuning that once lived in module constants (issue 40); defaults as those were ---
+    cost_tuning: CostModelTuning = CostModelTuning()
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
-                raise TypeError(f"SpeculatorConfig.{f.name} must be an int, got {value!r}.")
-            if f.type in ("bool", bool) and not isinstance(value, bool):
-                raise TypeError(f"SpeculatorConfig.{f.name} must be True or False, got {value!r}.")
+            value, kind = getattr(self, f.name), _type_name(f.type)
+            if kind in TYPE_CHECKS and not TYPE_CHECKS[kind][0](value):
+                raise SettingError(f"{f.name} must be {TYPE_CHECKS[kind][1]}, got {value!r}.")
+            if is_dataclass(f.default) and not isinstance(value, type(f.default)):  # a sub-config
+                raise SettingError(f"{f.name} must be a {type(f.default).__name__}, got {value!r}.")
         if self.min_n < 1:
-            raise ValueError(f"min_n must be >= 1 (got {self.min_n}): an n-gram has at least one token.")
+            raise SettingError(f"min_n must be >= 1 (got {self.min_n}): an n-gram has at least one token.")
         if self.max_n < self.min_n:
-            raise ValueError(
+            raise SettingError(
                 f"max_n ({self.max_n}) must be >= min_n ({self.min_n}); set max_n to at least min_n."
             )
         if self.max_n > 64:
-            raise ValueError(f"max_n must be <= 64 (got {self.max_n}); longer keys only add lookup cost.")
+            raise SettingError(f"max_n must be <= 64 (got {self.max_n}); longer keys only add lookup cost.")
         if self.max_draft_tokens < 1:
-            raise ValueError(
+            raise SettingError(
                 f"max_draft_tokens must be >= 1 (got {self.max_draft_tokens}); to decode without "
                 "speculation, call generate() without ngram_speculator."
             )
         if self.tree_branches < 1:
-            raise ValueError(f"tree_branches must be >= 1 (got {self.tree_branches}); 1 drafts a plain chain.")
+            raise SettingError(f"tree_branches must be >= 1 (got {self.tree_branches}); 1 drafts a plain chain.")
         if self.max_tree_tokens < self.max_draft_tokens:
-            raise ValueError(
+            raise SettingError(
                 f"max_tree_tokens ({self.max_tree_tokens}) must be >= max_draft_tokens ({self.max_draft_tokens})."
             )
         if self.history_tokens < 0:
-            raise ValueError(f"history_tokens must be >= 0 (got {self.history_tokens}); 0 turns history off.")
+            raise SettingError(f"history_tokens must be >= 0 (got {self.history_tokens}); 0 turns history off.")
         if self.match not in MATCH_POLICIES:
-            raise ValueError(f"match must be one of {MATCH_POLICIES}, got {self.match!r}.")
+            raise SettingError(f"match must be one of {MATCH_POLICIES}, got {self.match!r}.")
         if not 0.0 < self.acceptance_prior < 1.0:
-            raise ValueError(f"acceptance_prior must be in (0, 1), got {self.acceptance_prior}.")
+            raise SettingError(f"acceptance_prior must be in (0, 1), got {self.acceptance_prior}.")
         if not 0.0 <= self.acceptance_memory <= 1.0:
-            raise ValueError(f"acceptance_memory must be in [0, 1], got {self.acceptance_memory}.")
+            raise SettingError(f"acceptance_memory must be in [0, 1], got {self.acceptance_memory}.")
         if self.verify_cost is not None:  # validated (its messages), kept as normalised points
-            object.__setattr__(self, "verify_cost", CostCurve(self.verify_cost).points)
+            try:
+                object.__setattr__(self, "verify_cost", CostCurve(self.verify_cost).points)
+            except ValueError as err:
+                raise SettingError(str(err)) from None
 
     @classmethod
     def describe(cls) -> dict[str, str]:
-        """Each setting's first sentence from the Attributes section above (for --help texts)."""
-        described, name = {}, None
-        for line in (cls.__doc__ or "").partition("Attributes:")[2].splitlines():
-            head, sep, rest = line.strip().partition(": ")
-            if line.startswith(" " * 8) and not line.startswith(" " * 9) and sep and head.isidentifier():
-                name, described[head] = head, rest
-            elif name is not None and line.strip():
-                described[name] += " " + line.strip()
-        plain = {n: re.sub(r"``([^`]+)``", r"\1", re.sub(r":\w+:`~?([^`]+)`", r"\1", text))  # no Sphinx markup
-                 for n, text in described.items()}
-        return {n: text.split(". ")[0].rstrip(".") + "." for n, text in plain.items()}
+        """Each setting's first sentence from its Attributes section (for --help texts), a
+        sub-config's settings as ``group.name``."""
+        return {name: _first_sentence(owner, name.rpartition(".")[2]) for name, (owner, _) in setting_fields().items()}
 
-    @classmethod
-    def parse_value(cls, name: str, text: str):
-        """Convert a command-line string to the type of field ``name`` (for CLIs)."""
-        defaults = {f.name: f.default for f in fields(cls)}
-        if name not in defaults:
-            raise ValueError(f"unknown speculator setting {name!r}; known: {', '.join(defaults)}")
-        default = defaults[name]
-        if isinstance(default, bool):
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(f"{name} must be true or false, got {text!r}")
-        if name == "verify_cost":  # "auto", or "1:1.0,4:1.4,8:1.5"
-            return None if text.strip().lower() == "auto" else CostCurve.parse(text).points
-        try:
-            return type(default)(text)
-        except ValueError:
-            kind = {"int": "an integer", "float": "a number"}.get(type(default).__name__, type(default).__name__)
-            raise ValueError(f"{name} must be {kind}, got {text!r}") from None
 
-    @classmethod
-    def from_overrides(cls, text: str, base: SpeculatorConfig | None = None) -> SpeculatorConfig:
-        """``"min_n=1,max_draft_tokens=8"`` -> a config (``base`` or the defaults, overridden).
-        Commas inside a verify_cost value are allowed: ``verify_cost=1:1.0,8:1.5``."""
-        values = parse_settings(text)
-        settings = {n: cls.parse_value(n, v) for n, v in values.items()}
-        base = base or cls()
-        return cls(**{**{f.name: getattr(base, f.name) for f in fields(cls)}, **settings})
+def _first_sentence(owner: type, name: str) -> str:
+    """The first sentence of ``name``'s entry in the Attributes section of ``owner``'s docstring,
+    without Sphinx markup."""
+    text, reading = "", False
+    for line in (owner.__doc__ or "").partition("Attributes:")[2].splitlines():
+        head, sep, rest = line.strip().partition(": ")
+        if line.startswith(" " * 8) and not line.startswith(" " * 9) and sep and head.isidentifier():
+            reading, text = head == name, rest if head == name else text
+        elif reading and line.strip():
+            text += " " + line.strip()
+    text = re.sub(r"``([^`]+)``", r"\1", re.sub(r":\w+:`~?([^`]+)`", r"\1", text))
+    return text.split(". ")[0].rstrip(".") + "."
+
+
+# --- The one settings parser ------------------------------------------------------------
+# A field's annotation names its type (text, under ``from __future__ import annotations``);
+# each type named here has its check (keyword arguments) and its reader (text), so a new
+# field of a new type fails at import (below) rather than parsing as something else.
+
+
+def _type_name(annotation) -> str:
+    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+TYPE_CHECKS = {  # type name -> (accepts a Python value, what it takes)
+    "int": (_is_int, "an int"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "True or False"),
+    "str": (lambda v: isinstance(v, str), "text"),
+}
+
+
+def _read_bool(text: str) -> bool:
+    word = text.lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _read_curve(text: str) -> tuple | None:
+    return None if text.lower() == "auto" else CostCurve.parse(text).points
+
+
+READERS = {  # type name -> (text -> value, raising ValueError; what the text must be)
+    "int": (int, "an integer"),
+    "float": (float, "a number"),
+    "bool": (_read_bool, "true or false"),
+    "str": (str, "text"),
+    "tuple | None": (_read_curve, "auto or a cost curve, q:cost pairs from q=1 with q increasing and costs "
+                                  "positive (1:1.0,8:1.5)"),
+}
+
+
+def setting_fields() -> dict[str, tuple[type, object]]:
+    """Every setting by name -> (the dataclass that declares it, its field): SpeculatorConfig's
+    own fields, and a sub-config's (a field whose default is a dataclass) as ``group.name``."""
+    found = {}
+    for f in fields(SpeculatorConfig):
+        if is_dataclass(f.default):
+            found.update({f"{f.name}.{g.name}": (type(f.default), g) for g in fields(f.default)})
+        else:
+            found[f.name] = (SpeculatorConfig, f)
+    return found
+
+
+def _unknown(name: str) -> SettingError:
+    return SettingError(f"unknown speculator setting {name!r}; known: {', '.join(setting_fields())}")
+
+
+def split_settings(text: str) -> dict[str, str]:
+    """``"min_n=1, max_n=4"`` -> ``{"min_n": "1", "max_n": "4"}`` (values still text). A part
+    without ``=`` continues the previous value, so a value may hold commas:
+    ``verify_cost=1:1.0,8:1.5``. A name given twice: the last one holds."""
+    values: dict[str, str] = {}
+    name = None
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" in part:
+            name, value = (s.strip() for s in part.split("=", 1))
+            values[name] = value
+        elif name is not None:
+            values[name] += "," + part
+        else:
+            raise SettingError(f"expected name=value in {text!r}")
+    return values
+
+
+def read_setting(name: str, text: str):
+    """The value of setting ``name`` written as ``text``, read by the type its field declares."""
+    found = setting_fields().get(name)
+    if found is None:
+        raise _unknown(name)
+    reader, what = READERS[_type_name(found[1].type)]
+    try:
+        return reader(text.strip())
+    except ValueError:
+        raise SettingError(f"{name} must be {what}, got {text!r}") from None
+
+
+def read_settings(text: str) -> dict:
+    """Settings text -> {name: value}, every value read by its field's type."""
+    return {name: read_setting(name, value) for name, value in split_settings(text).items()}
+
+
+def config_with(base: SpeculatorConfig, values: dict) -> SpeculatorConfig:
+    """``base`` with ``values`` ({setting name: value}, sub-config settings as ``group.name`` or
+    a whole sub-config by its group's name) in place, validated: every route ends here."""
+    known = setting_fields()
+    groups = {name.partition(".")[0] for name in known if "." in name}
+    for name in values:
+        if name not in known and name not in groups:
+            raise _unknown(name)
+    plain = {name: value for name, value in values.items() if "." not in name}
+    for group in groups:
+        inner = {name.partition(".")[2]: value for name, value in values.items() if name.startswith(group + ".")}
+        if inner:
+            try:
+                plain[group] = replace(plain.get(group, getattr(base, group)), **inner)
+            except (TypeError, ValueError) as err:
+                raise SettingError(f"{group}.{err}") from None
+    return replace(base, **plain)
+
+
+def parse_config(text: str, base: SpeculatorConfig | None = None) -> SpeculatorConfig:
+    """The settings parser: ``"min_n=1,verify_cost=1:1.0,8:1.5"`` -> ``base`` (default: the
+    defaults) with those settings, each read by its field's type, validated. A bad name or value
+    is a :class:`SettingError` that names it (an unknown name: with the known ones)."""
+    return config_with(base or SpeculatorConfig(), read_settings(text))
+
+
+for _name, (_owner, _field) in setting_fields().items():  # every setting can be read from text
+    assert _type_name(_field.type) in READERS, f"{_owner.__name__}.{_field.name}: no reader for {_field.type!r}"

@@ -15,12 +15,10 @@ its cost model; per-request state lives in sessions, so one speculator can serve
 
 from __future__ import annotations
 
-import dataclasses
-
 from ..cost.costmodel import OnlineCost
 from .acceptance import new_evidence
 from .acceptance import warm_up as warm_up_acceptance
-from .config import SpeculatorConfig
+from .config import SpeculatorConfig, config_with
 from .history import History
 from .index import warm_up
 from .session import SpeculationSession
@@ -40,19 +38,17 @@ class NgramSpeculator:
     """
 
     def __init__(self, config: SpeculatorConfig | None = None, **settings):
-        if config is None:
-            config = SpeculatorConfig(**settings)
-        elif not isinstance(config, SpeculatorConfig):
+        if config is not None and not isinstance(config, SpeculatorConfig):
             raise TypeError(f"config must be a SpeculatorConfig, got {type(config).__name__}.")
-        elif settings:
-            config = dataclasses.replace(config, **settings)
+        config = config_with(config or SpeculatorConfig(), settings)  # every route's parser
         self.config = config
         self.last_stats = None  # DecodeStats of the latest generate() call (a batch: all rows)
         self.last_row_stats: list = []  # one DecodeStats per row of that call
         self.history = History(config) if config.history_tokens > 0 else None
         # One cost model per speculator (a model on a device), shared by its calls; with
         # verify_cost=None it starts from the CPU prior and learns from their forward timings.
-        self.cost_model = OnlineCost() if config.verify_cost is None else fixed_cost_model(config)
+        self.cost_model = (OnlineCost(tuning=config.cost_tuning) if config.verify_cost is None
+                           else fixed_cost_model(config))
         # Acceptance evidence pooled over this speculator's requests (ngramspec.draft.acceptance).
         self.pool = new_evidence()
         warm_up()

@@ -22,7 +22,8 @@ EXPLORE_BELOW = 2.0
 def fixed_cost_model(config: SpeculatorConfig) -> OnlineCost:
     """The cost model of a fixed curve, which timings never move: ``verify_cost``, or where it
     is None the CPU curve at 400 tokens of context (a session started without a speculator)."""
-    return OnlineCost(CostPrior.fixed(config.verify_cost or DEFAULT_CPU_CURVE.points), learn=False)
+    return OnlineCost(CostPrior.fixed(config.verify_cost or DEFAULT_CPU_CURVE.points), learn=False,
+                      tuning=config.cost_tuning)
 
 
 def batch_draft_length(drafts: list[Draft], cost=None, explore: bool = False) -> int:

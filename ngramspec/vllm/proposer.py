@@ -70,7 +70,7 @@ class Proposer:
         config = speculator_config(self.max_draft, settings)
         device = getattr(getattr(vllm_config, "device_config", None), "device_type", "cpu")
         self.prior = step_prior(config, device)
-        self.cost = OnlineCost(prior=self.prior)
+        self.cost = OnlineCost(prior=self.prior, tuning=config.cost_tuning)
         self.speculator = NgramSpeculator(config)
         self.sessions = RowSessions(self.speculator, max_idle=max(64, 2 * max_num_seqs(vllm_config)))
         self._allocate(max(max_num_seqs(vllm_config), 1))
@@ -95,7 +95,7 @@ class Proposer:
         saved = dict(vars(self))  # every attribute as it is: the scratch steps leave no trace
         pool = self.speculator.pool.copy()  # nor any evidence in the speculator's pool
         try:
-            self.sessions, self.cost = RowSessions(self.speculator), OnlineCost(prior=self.prior)
+            self.sessions, self.cost = RowSessions(self.speculator), OnlineCost(self.prior, tuning=self.cost.tuning)
             row = np.tile(np.arange(HEAD, dtype=np.int32), 4)[None, :]
             for end in (3 * HEAD, 3 * HEAD + 2):
                 self._propose([[1]], np.array([end]), row)

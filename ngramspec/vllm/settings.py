@@ -8,9 +8,8 @@ from __future__ import annotations
 import logging
 import os
 
-from ..cost.costmodel import OnlineCost
 from ..cost.curves import CostPrior
-from ..draft.config import SpeculatorConfig, parse_settings
+from ..draft.config import SpeculatorConfig, config_with, read_settings
 
 logger = logging.getLogger(__name__)
 
@@ -54,15 +53,16 @@ def speculator_config(max_draft: int, settings: str | None = None) -> Speculator
     the history on (:data:`HISTORY_TOKENS`), and every other field from ``settings`` (default:
     the ``NGRAMSPEC_SETTINGS`` environment variable)."""
     text = os.environ.get(SETTINGS_ENV, "") if settings is None else settings
-    requested = parse_settings(text).get("max_draft_tokens")
-    if requested is not None and SpeculatorConfig.parse_value("max_draft_tokens", requested) > max_draft:
+    values = read_settings(text)
+    requested = values.get("max_draft_tokens")
+    if requested is not None and requested > max_draft:
         raise ValueError(
             f"{SETTINGS_ENV} sets max_draft_tokens={requested}, above vLLM's "
             f"num_speculative_tokens={max_draft}; raise num_speculative_tokens instead."
         )
     base = SpeculatorConfig(max_draft_tokens=max_draft, max_tree_tokens=max(24, max_draft),
                             history_tokens=HISTORY_TOKENS)
-    config = SpeculatorConfig.from_overrides(text, base=base)
+    config = config_with(base, values)
     return config
 
 
@@ -81,7 +81,7 @@ def step_prior(config: SpeculatorConfig, device: str) -> CostPrior:
             "ngramspec starts from a step cost measured on a 2-core CPU, but this engine runs on %s: "
             "until it has timed ~%d steps of its own, drafts are sized for the CPU. To start from a "
             "measured cost, run `python -m eval.vllm_cost --out cost.json` once and set %s=cost.json.",
-            device, OnlineCost.MIN_STEPS, COST_FILE_ENV)
+            device, config.cost_tuning.min_steps, COST_FILE_ENV)
     return VLLM_CPU_PRIOR
 
 
