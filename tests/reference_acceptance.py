@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ngramspec.draft.acceptance import BUCKETS, MATCH_CAP, POOL_PRIOR_WEIGHT, POOL_WINDOW, REQUEST_WEIGHT
+from ngramspec.draft.acceptance import BUCKETS, MATCH_CAP
+from ngramspec.draft.config import DraftTuning
+
+# The weights as the default config has them (the kernels take them from config.draft_tuning).
+REQUEST_WEIGHT, POOL_PRIOR_WEIGHT, POOL_WINDOW = (
+    DraftTuning().request_weight, DraftTuning().pool_prior_weight, DraftTuning().pool_window)
 
 
 def bucket_reference(match: int) -> int:

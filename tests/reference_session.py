@@ -27,14 +27,11 @@ from ngramspec.draft.acceptance import (
     position_acceptance,
 )
 from ngramspec.draft.config import SpeculatorConfig
-from ngramspec.draft.edits import EDIT_SPAN, MAX_EDITS
 from ngramspec.draft.history import SEPARATOR
 from ngramspec.draft.index import NgramIndex
 from ngramspec.draft.proposal import Draft, as_token_array
-from ngramspec.draft.realign import FUZZY_AHEAD, FUZZY_BELOW_N, FUZZY_CONTEXT, FUZZY_WINDOW
 from ngramspec.draft.sizing import draft_lengths
-from ngramspec.draft.tree import TREE_COST_SLACK
-from ngramspec.draft.tuning import EXPLORE_BELOW, fixed_cost_model
+from ngramspec.draft.tuning import fixed_cost_model
 from ngramspec.draft.walk import accepted_length
 
 
@@ -77,6 +74,7 @@ class ReferenceSession:
                  pool=None):
         prompt = as_token_array(prompt_ids)
         self.config = config
+        self._tuning = config.draft_tuning
         self.index = NgramIndex(
             config.min_n,
             config.max_n,
@@ -128,7 +126,8 @@ class ReferenceSession:
         match = match_length(self.index.tokens, self.index.length, first.start) if first.own else first.match_len
         source = HISTORY if not first.own else CONTESTED if first.contested else OWN
         acceptance = np.zeros(len(tokens))
-        position_acceptance(self._evidence, self._pool, self.config.acceptance_prior, source, match, acceptance)
+        position_acceptance(self._evidence, self._pool, self.config.acceptance_prior, source, match, acceptance,
+                            self._tuning.request_weight, self._tuning.pool_prior_weight)
         if sized and self.config.payoff_sizing:
             limit = self._best_length(source, match, acceptance)
         if limit <= 0:  # a match, but drafting would not pay: a plain step ("declined")
@@ -158,7 +157,7 @@ class ReferenceSession:
         else:
             matches = self.index.matches().tolist()
         longest = matches[0][0] if matches else 0
-        if self.config.fuzzy_resync and not found and longest < FUZZY_BELOW_N:
+        if self.config.fuzzy_resync and not found and longest < self._tuning.fuzzy_below_n:
             start = self._realign()
             if start >= 0:
                 found.append(Candidate(start, 0, stream))
@@ -228,9 +227,9 @@ class ReferenceSession:
         emitted) after it broke: what the output wrote in place of the prompt's tokens is an
         edit that may recur."""
         lost_at, lost_source = self._lost
-        if lost_at < 0 or lost_at == self._edit_break or not 0 < old_length - lost_at <= EDIT_SPAN:
+        if lost_at < 0 or lost_at == self._edit_break or not 0 < old_length - lost_at <= self._tuning.edit_span:
             return
-        if not 0 <= source - lost_source <= EDIT_SPAN or source > self.prompt_length:
+        if not 0 <= source - lost_source <= self._tuning.edit_span or source > self.prompt_length:
             return
         stream = self.index.tokens
         before = stream[lost_source:source].tolist()
@@ -245,7 +244,7 @@ class ReferenceSession:
             self._edit_break = lost_at
             self._edits.pop(tuple(before), None)  # re-learned: it becomes the newest
             self._edits[tuple(before)] = tuple(after)
-            if len(self._edits) > MAX_EDITS:  # the oldest goes
+            if len(self._edits) > self._tuning.max_edits:  # the oldest goes
                 self._edits.pop(next(iter(self._edits)))
 
     def _tree(self, chain: np.ndarray, others: list[Candidate], limit: int):
@@ -254,7 +253,7 @@ class ReferenceSession:
         verifying the chain alone (on a GPU, many; on a small CPU, a few or none)."""
         budget = len(chain)
         cost = self._cost_table(max(self.config.max_tree_tokens, len(chain)) + 1)  # the sizing's own costs
-        ceiling = cost[len(chain) + 1] * (1 + TREE_COST_SLACK)
+        ceiling = cost[len(chain) + 1] * (1 + self._tuning.tree_cost_slack)
         while budget < self.config.max_tree_tokens and cost[budget + 2] <= ceiling:
             budget += 1
         if budget == len(chain):
@@ -287,15 +286,15 @@ class ReferenceSession:
         lost_at, lost_source = self._lost
         length = self.index.length
         since = length - lost_at
-        if lost_at < 0 or since > FUZZY_WINDOW or lost_source <= 0:
+        if lost_at < 0 or since > self._tuning.fuzzy_window or lost_source <= 0:
             return -1
         stream = self.index.tokens
         last = stream[length - 1]
-        width = min(FUZZY_CONTEXT, length)
+        width = min(self._tuning.fuzzy_context, length)
         emitted = stream[length - width : length].tolist()
         expected = lost_source + since  # where a same-length substitution would resume
         best, best_key = -1, None
-        for c in range(max(1, lost_source - 2), min(expected + FUZZY_AHEAD, lost_at)):
+        for c in range(max(1, lost_source - 2), min(expected + self._tuning.fuzzy_ahead, lost_at)):
             if stream[c - 1] != last:
                 continue
             w = min(width, c)
@@ -321,7 +320,7 @@ class ReferenceSession:
         best_k = int(lengths[0])
         if best_k == 0:  # not drafting: let old evidence fade so such drafts are retried
             fade(self._evidence, source, match, self.config.acceptance_memory)
-        elif best < EXPLORE_BELOW and self._cost_model.needs_baseline(self.index.length):
+        elif best < self._tuning.explore_below and self._cost_model.needs_baseline(self.index.length):
             return 0  # a plain step times the one-token forward here, so costs become measured
         return best_k
 
@@ -341,7 +340,7 @@ class ReferenceSession:
             kept = accepted_length(draft, None, tokens)
             if edited is not None and kept == edited[1] < len(draft):
                 self._edits.pop(edited[0], None)  # the target refused the edit here: forget it
-            learn(self._evidence, self._pool, source, match, kept, len(draft))
+            learn(self._evidence, self._pool, source, match, kept, len(draft), self._tuning.pool_window)
             self._pending = None
         elif verified:
             raise ValueError("extend(verified=...) given, but no draft is pending.")

@@ -13,7 +13,6 @@ from ngramspec.draft.acceptance import (
     HISTORY,
     MATCH_CAP,
     OWN,
-    POOL_WINDOW,
     REJECTED,
     SOURCES,
     bucket,
@@ -23,6 +22,7 @@ from ngramspec.draft.acceptance import (
     new_evidence,
     position_acceptance,
 )
+from ngramspec.draft.config import DraftTuning
 
 from reference_acceptance import (
     bucket_reference,
@@ -31,6 +31,9 @@ from reference_acceptance import (
     match_length_reference,
     position_acceptance_reference,
 )
+
+WEIGHTS = (DraftTuning().request_weight, DraftTuning().pool_prior_weight)  # the default config's
+POOL_WINDOW = DraftTuning().pool_window
 
 counts = st.tuples(st.lists(st.floats(0.0, 5000.0), min_size=2 * SOURCES * BUCKETS, max_size=2 * SOURCES * BUCKETS),
                    st.lists(st.floats(0.0, 1.0), min_size=SOURCES * BUCKETS, max_size=SOURCES * BUCKETS)).map(
@@ -64,7 +67,7 @@ def test_match_length_stops_at_the_cap_and_at_the_first_difference():
 @given(counts, counts, st.floats(0.01, 0.99), sources, st.integers(0, 200), st.integers(0, 40))
 def test_position_acceptance_matches_its_reference(own, pool, prior, source, match, k):
     out = np.zeros(k)
-    position_acceptance(own, pool, prior, source, match, out)
+    position_acceptance(own, pool, prior, source, match, out, *WEIGHTS)
     want = position_acceptance_reference(own, pool, prior, source, match, k)
     assert out.tolist() == pytest.approx(want, rel=1e-12)
 
@@ -73,7 +76,7 @@ def test_position_acceptance_matches_its_reference(own, pool, prior, source, mat
 @given(counts, counts, sources, st.integers(0, 200), st.integers(0, 30), st.integers(0, 30))
 def test_learn_matches_its_reference(own, pool, source, match, kept, extra):
     own_ref, pool_ref = own.copy(), pool.copy()
-    learn(own, pool, source, match, kept, kept + extra)
+    learn(own, pool, source, match, kept, kept + extra, POOL_WINDOW)
     learn_reference(own_ref, pool_ref, source, match, kept, kept + extra)
     assert own.tolist() == own_ref.tolist() and pool.tolist() == pool_ref.tolist()
 
@@ -92,10 +95,10 @@ def test_the_worked_example_from_the_docstring():
     pool[:2, 1] = (1, 3)
     pool[:2, 2] = (6, 2)
     out = np.zeros(8)
-    position_acceptance(own, pool, 0.5, OWN, 1, out)
+    position_acceptance(own, pool, 0.5, OWN, 1, out, *WEIGHTS)
     estimates = [1 / 3, 22 / 30, 22 / 30, 0.8, 0.8, 0.8, 0.8, 8 / 9]
     assert out.tolist() == pytest.approx(estimates)
-    position_acceptance(own, pool, 0.5, HISTORY, 1, out)
+    position_acceptance(own, pool, 0.5, HISTORY, 1, out, *WEIGHTS)
     assert out.tolist() == pytest.approx([0.5, 2 / 3, 2 / 3, 0.8, 0.8, 0.8, 0.8, 8 / 9])  # its own evidence
 
 
@@ -105,31 +108,31 @@ def test_a_long_match_is_trusted_further_than_a_short_one():
     low, and each position along it higher as the match it continues grows."""
     own, pool = new_evidence(), new_evidence()
     for _ in range(30):
-        learn(own, pool, OWN, 1, 0, 4)  # a 1-token match, refused at once
-        learn(own, pool, OWN, 2, 6, 8)  # a 2-token match, kept for 6 positions, then refused
-        learn(own, pool, OWN, 40, 8, 8)  # a long copy, all kept
+        learn(own, pool, OWN, 1, 0, 4, POOL_WINDOW)  # a 1-token match, refused at once
+        learn(own, pool, OWN, 2, 6, 8, POOL_WINDOW)  # a 2-token match, kept for 6 positions, then refused
+        learn(own, pool, OWN, 40, 8, 8, POOL_WINDOW)  # a long copy, all kept
     out = np.zeros(6)
-    position_acceptance(new_evidence(), pool, 0.5, OWN, 1, out)
+    position_acceptance(new_evidence(), pool, 0.5, OWN, 1, out, *WEIGHTS)
     assert out[0] < 0.1 and out[1] > 0.6 and out[3] > out[1] and out[5] > 0.8
     long = np.zeros(1)
-    position_acceptance(new_evidence(), pool, 0.5, OWN, 40, long)
+    position_acceptance(new_evidence(), pool, 0.5, OWN, 40, long, *WEIGHTS)
     assert long[0] > 0.95
 
 
 def test_the_pool_forgets_past_its_window_and_a_declined_bucket_fades_back_to_the_prior():
     own, pool = new_evidence(), new_evidence()
     for _ in range(int(POOL_WINDOW) + 10):
-        learn(own, pool, OWN, 1, 0, 1)
+        learn(own, pool, OWN, 1, 0, 1, POOL_WINDOW)
     assert pool[:2, 1].sum() <= POOL_WINDOW  # halved: a workload that changes is followed
     pool_before = pool.copy()
     for _ in range(200):
         fade(own, OWN, 1, 0.9)
     assert pool.tolist() == pool_before.tolist()  # declines fade the request, never the pool
     out = np.zeros(1)
-    position_acceptance(own, pool, 0.5, OWN, 1, out)
+    position_acceptance(own, pool, 0.5, OWN, 1, out, *WEIGHTS)
     assert out[0] == pytest.approx(0.5, abs=0.01)  # back to the prior: the request tries again
-    learn(own, pool, OWN, 1, 1, 2)  # a verified draft: the pool speaks again
-    position_acceptance(own, pool, 0.5, OWN, 1, out)
+    learn(own, pool, OWN, 1, 1, 2, POOL_WINDOW)  # a verified draft: the pool speaks again
+    position_acceptance(own, pool, 0.5, OWN, 1, out, *WEIGHTS)
     assert out[0] < 0.3
 
 

@@ -26,9 +26,9 @@ once-seen 0.32, uncontested 0.46; after 2-3 tokens: 0.28, 0.56, 0.71.
 Evidence is counted twice, as (accepted, rejected) positions per bucket: per request, and
 pooled over every request of a speculator (so a new request starts from what the model does on
 this workload, not from a constant). Request evidence outweighs the pool once the request has
-shown REQUEST_WEIGHT positions of that bucket; the pool starts from ``prior`` with the weight
-of POOL_PRIOR_WEIGHT positions and halves its counts past POOL_WINDOW, so it follows a
-workload that changes.
+shown ``request_weight`` positions of that bucket; the pool starts from ``prior`` with the
+weight of ``pool_prior_weight`` positions and halves its counts past ``pool_window``, so it
+follows a workload that changes (config.draft_tuning holds the three).
 
 A declined (or unverified) draft teaches nothing, and a bucket whose drafts are always
 declined would never be re-tried: each decline fades the request's evidence for the first
@@ -57,9 +57,6 @@ OWN, HISTORY, CONTESTED = 0, 1, 2  # where a draft is copied from: evidence colu
 SOURCES = 3
 ACCEPTED, REJECTED, DOUBT = 0, 1, 2  # evidence rows (the pool's DOUBT row is unused)
 MATCH_CAP = 64  # longest match measured: constant work per draft, whatever the context
-REQUEST_WEIGHT = 4.0
-POOL_PRIOR_WEIGHT = 2.0
-POOL_WINDOW = 4096.0
 
 
 @njit(cache=True)
@@ -83,7 +80,7 @@ def match_length(stream, length, start):
 
 
 @njit(cache=True)
-def position_acceptance(own, pool, prior, source, match, out):
+def position_acceptance(own, pool, prior, source, match, out, request_weight, pool_prior_weight):
     """Fill ``out`` (k,) float64 with the estimate for drafted positions 0..k-1 of a copy from
     ``source`` that continues a ``match``-token match. own, pool: (3, SOURCES * BUCKETS) float64
     (:func:`new_evidence`)."""
@@ -95,16 +92,16 @@ def position_acceptance(own, pool, prior, source, match, out):
         c = source * BUCKETS + b
         shortest = 0 if b == 0 else 1 << (b - 1)  # the bucket's shortest match
         mean = max(pooled, prior, shortest / (shortest + 1.0))
-        pooled = (pool[0, c] + POOL_PRIOR_WEIGHT * mean) / (pool[0, c] + pool[1, c] + POOL_PRIOR_WEIGHT)
+        pooled = (pool[0, c] + pool_prior_weight * mean) / (pool[0, c] + pool[1, c] + pool_prior_weight)
         borrowed = (1.0 - own[DOUBT, c]) * pooled + own[DOUBT, c] * mean
-        estimate = (own[0, c] + REQUEST_WEIGHT * borrowed) / (own[0, c] + own[1, c] + REQUEST_WEIGHT)
+        estimate = (own[0, c] + request_weight * borrowed) / (own[0, c] + own[1, c] + request_weight)
         while j < k and bucket(match + j) == b:  # positions' buckets never decrease along a draft
             out[j] = estimate
             j += 1
 
 
 @njit(cache=True)
-def learn(own, pool, source, match, kept, verified):
+def learn(own, pool, source, match, kept, verified, pool_window):
     """A draft from ``source`` continuing a ``match``-token match had ``verified`` positions
     checked and the target kept the first ``kept``: each kept position counts as accepted in
     its bucket, the first refused one (if any) as rejected; into the request's and the pool's
@@ -115,7 +112,7 @@ def learn(own, pool, source, match, kept, verified):
         own[refused, b] += 1.0
         own[DOUBT, b] = 0.0  # verified: the pool speaks for this bucket again
         pool[refused, b] += 1.0
-        if pool[0, b] + pool[1, b] > POOL_WINDOW:
+        if pool[0, b] + pool[1, b] > pool_window:
             pool[0, b] *= 0.5
             pool[1, b] *= 0.5
 
@@ -142,6 +139,6 @@ def warm_up() -> None:
     own, pool = new_evidence(), new_evidence()
     stream = np.zeros(4, dtype=np.int32)
     match = match_length(stream, 4, 2)
-    position_acceptance(own, pool, 0.5, OWN, match, np.zeros(2))
-    learn(own, pool, OWN, match, 1, 2)
+    position_acceptance(own, pool, 0.5, OWN, match, np.zeros(2), 4.0, 2.0)
+    learn(own, pool, OWN, match, 1, 2, 4096.0)
     fade(own, OWN, match, 0.9)

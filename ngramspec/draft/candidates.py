@@ -24,7 +24,7 @@ from numba import njit
 from .edits import apply_edits
 from .history import SEPARATOR
 from .index import index_find, index_matches
-from .realign import FUZZY_BELOW_N, realign
+from .realign import realign
 
 
 @njit(cache=True)
@@ -52,8 +52,9 @@ def candidates(wanted, stream, length, table, cursor, lost_at, lost_source, hist
     else:
         rows = index_matches(stream, length, knobs.min_n, max_n, table, matches)
     longest = matches[0, 0] if rows else 0
-    if knobs.fuzzy and count == 0 and longest < FUZZY_BELOW_N:
-        start = realign(stream, length, lost_at, lost_source)
+    if knobs.fuzzy and count == 0 and longest < knobs.fuzzy_below_n:
+        start = realign(stream, length, lost_at, lost_source, knobs.fuzzy_window, knobs.fuzzy_context,
+                        knobs.fuzzy_ahead)
         if start >= 0:
             found[count, 0], found[count, 1], found[count, 2], found[count, 3] = start, 0, 1, 0
             count += 1
@@ -94,7 +95,7 @@ def candidates(wanted, stream, length, table, cursor, lost_at, lost_source, hist
 def continuation(start, own, limit, stream, length, prompt_length, history, edit_tokens, edit_sizes, edit_stamps,
                  out, scratch):
     """Up to ``limit`` tokens copied from ``start`` (of ``stream[:length]`` where ``own``, else
-    of the history) into ``out`` (room for limit + EDIT_SPAN), with the learned edits (one
+    of the history) into ``out`` (room for limit + the edit span), with the learned edits (one
     slot's arrays, :mod:`ngramspec.draft.edits`) applied to a copy from the prompt. Returns
     (tokens, the first edit applied or -1, its position)."""
     if not own:  # a history copy stops where that output ended

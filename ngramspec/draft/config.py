@@ -26,6 +26,52 @@ class SettingError(ValueError, TypeError):
 
 
 @dataclass(frozen=True)
+class DraftTuning:
+    """The drafting engine's finer rules, each as measured when it was chosen; the defaults are
+    what every figure in this project used.
+
+    Attributes:
+        fuzzy_window: tokens after a copy broke during which fuzzy re-alignment is tried.
+        fuzzy_context: last emitted tokens compared when re-aligning.
+        fuzzy_ahead: how far past the expected place re-alignment searches.
+        fuzzy_below_n: re-alignment outranks index matches shorter than this many tokens.
+        edit_span: longest span an edit replaces, or writes (``edit_recurrence``).
+        max_edits: edits one request remembers; the oldest goes.
+        tree_cost_slack: tree branches take positions while the forward costs at most this
+            fraction more than verifying the chain alone.
+        explore_below: with a cost model that has not timed a plain step at this context, a
+            draft whose expected gain over a plain step is below this factor gives way to a
+            plain step, which measures it.
+        request_weight: positions of a request's own evidence that weigh as much as the pooled
+            estimate it starts from (:mod:`ngramspec.draft.acceptance`).
+        pool_prior_weight: positions the pooled estimate's prior weighs.
+        pool_window: pooled positions per bucket past which the pool's counts halve, so it
+            follows a workload that changes.
+    """
+
+    fuzzy_window: int = 12
+    fuzzy_context: int = 6
+    fuzzy_ahead: int = 16
+    fuzzy_below_n: int = 3
+    edit_span: int = 8
+    max_edits: int = 8
+    tree_cost_slack: float = 0.1
+    explore_below: float = 2.0
+    request_weight: float = 4.0
+    pool_prior_weight: float = 2.0
+    pool_window: float = 4096.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value, whole = getattr(self, f.name), f.type in ("int", int)
+            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+                raise SettingError(f"draft_tuning.{f.name} must be {'an int' if whole else 'a number'}, got {value!r}.")
+            least = 0 if f.name in ("fuzzy_below_n", "tree_cost_slack", "explore_below") else 1  # 0: rule off
+            if value < least:
+                raise SettingError(f"draft_tuning.{f.name} must be >= {least}, got {value!r}.")
+
+
+@dataclass(frozen=True)
 class SpeculatorConfig:
     """Settings of an :class:`~ngramspec.NgramSpeculator`.
 
@@ -86,12 +132,16 @@ class SpeculatorConfig:
         edit_recurrence: edits recur: once the output has replaced a span of the prompt it
             copies (A, up to 8 tokens) by something else (B) and gone back to copying, later
             drafts copied from the prompt write B where the prompt holds A (a rename, a spelling
-            fix applied throughout); an edit the target refuses is forgotten. Opt-in, and not in
-            the vLLM drafter: replay of the 220 greedy traces moves -0.1% to +0.1% (their edits
-            rarely recur); a rename repeated through a text needs 27 verify passes instead of 119.
+            fix applied throughout); an edit the target refuses is forgotten. Opt-in, in
+            generate() and the vLLM drafter alike: replay of the 220 greedy traces moves -0.1% to
+            +0.1% (their edits rarely recur); a rename repeated through a text needs 27 verify
+            passes instead of 119.
         cost_tuning: how the online cost model (``verify_cost`` None) learns from timings:
             :class:`~ngramspec.cost.costmodel.CostModelTuning`, its settings named
             ``cost_tuning.window`` and so on in settings text.
+        draft_tuning: the drafting engine's finer rules (fuzzy re-alignment's reach, edits,
+            tree slack, acceptance weights, exploring): :class:`DraftTuning`, its settings
+            named ``draft_tuning.fuzzy_window`` and so on in settings text.
     """
 
     min_n: int = 1
@@ -110,6 +160,7 @@ class SpeculatorConfig:
     edit_recurrence: bool = False
     # --- Tuning that once lived in module constants (issue 40); defaults as those were ---
     cost_tuning: CostModelTuning = CostModelTuning()
+    draft_tuning: DraftTuning = DraftTuning()
 
     def __post_init__(self) -> None:
         for f in fields(self):

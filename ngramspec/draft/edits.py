@@ -2,9 +2,10 @@
 when the copy resumes after it, is drafted again wherever a later copy holds that span (a
 rename, a spelling fix).
 
-A slot's edits live in three arrays, at most MAX_EDITS of them, each side at most EDIT_SPAN
-tokens: ``tokens`` (MAX_EDITS, 2, EDIT_SPAN) int32 (row 0 the replaced span, row 1 what
-replaces it), ``sizes`` (MAX_EDITS, 2) int64 (their lengths) and ``stamps`` (MAX_EDITS,) int64
+A slot's edits live in three arrays, at most ``max_edits`` of them, each side at most
+``edit_span`` tokens (config.draft_tuning): ``tokens`` (max_edits, 2, edit_span) int32 (row 0
+the replaced span, row 1 what replaces it), ``sizes`` (max_edits, 2) int64 (their lengths) and
+``stamps`` (max_edits,) int64
 (0: free; else the order learned, oldest first). An edit learned again becomes the newest; a
 full store forgets its oldest; an edit the target refused where it applied is forgotten.
 
@@ -17,19 +18,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-EDIT_SPAN = 8  # longest span an edit replaces, or writes
-MAX_EDITS = 8  # edits one request remembers
 
-
-def new_edits(slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Empty edit stores for ``slots`` slots: (tokens, sizes, stamps), see the module doc."""
-    return (np.zeros((slots, MAX_EDITS, 2, EDIT_SPAN), dtype=np.int32), np.zeros((slots, MAX_EDITS, 2), dtype=np.int64),
-            np.zeros((slots, MAX_EDITS), dtype=np.int64))
+def new_edits(slots: int, tuning) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Empty edit stores for ``slots`` slots (``tuning``: a DraftTuning): (tokens, sizes,
+    stamps), see the module doc."""
+    count, span = tuning.max_edits, tuning.edit_span
+    return (np.zeros((slots, count, 2, span), dtype=np.int32), np.zeros((slots, count, 2), dtype=np.int64),
+            np.zeros((slots, count), dtype=np.int64))
 
 
 @njit(cache=True)
 def apply_edits(copied, limit, tokens, sizes, stamps, out):
-    """Copy ``copied`` into ``out`` (room for ``limit + EDIT_SPAN``), replacing each span an edit
+    """Copy ``copied`` into ``out`` (room for ``limit`` + the edit span), replacing each span an edit
     replaced by what it wrote (the oldest edit first where several match). Returns (tokens
     written, at most ``limit``; the first edit applied, -1 if none; its position in ``out``)."""
     order = np.argsort(stamps)  # free entries (stamp 0) first, skipped below
@@ -67,9 +67,10 @@ def learn_edit(stream, old_length, source, lost_at, lost_source, prompt_length, 
     after it broke at ``lost_at`` (source position ``lost_source``): store what the output
     wrote instead of the prompt's tokens, less their common ends, as the newest edit with
     stamp ``clock + 1``. Returns True when an edit was stored."""
-    if lost_at < 0 or not 0 < old_length - lost_at <= EDIT_SPAN:
+    span = tokens.shape[2]
+    if lost_at < 0 or not 0 < old_length - lost_at <= span:
         return False
-    if not 0 <= source - lost_source <= EDIT_SPAN or source > prompt_length:
+    if not 0 <= source - lost_source <= span or source > prompt_length:
         return False
     b0, b1, a0, a1 = lost_source, source, lost_at, old_length  # replaced [b0, b1), written [a0, a1)
     while b1 > b0 and a1 > a0 and stream[b1 - 1] == stream[a1 - 1]:

@@ -15,14 +15,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# Tried for up to FUZZY_WINDOW tokens after a copy broke, comparing the last FUZZY_CONTEXT
-# tokens, searching up to FUZZY_AHEAD tokens past the expected place; it outranks index matches
-# shorter than FUZZY_BELOW_N tokens.
-FUZZY_WINDOW = 12
-FUZZY_CONTEXT = 6
-FUZZY_AHEAD = 16
-FUZZY_BELOW_N = 3
-
 
 @njit(cache=True)
 def levenshtein(a, b):
@@ -38,17 +30,19 @@ def levenshtein(a, b):
 
 
 @njit(cache=True)
-def realign(stream, length, lost_at, lost_source):
+def realign(stream, length, lost_at, lost_source, window, context, ahead):
     """Where copying resumes in ``stream[:length]`` (the module's rule), the copy having broken
-    when the stream was ``lost_at`` long, at source position ``lost_source``; -1: nowhere."""
+    when the stream was ``lost_at`` long, at source position ``lost_source``; -1: nowhere.
+    Tried for up to ``window`` tokens after the break, comparing the last ``context`` tokens,
+    searching up to ``ahead`` tokens past the expected place (config.draft_tuning's fuzzy_*)."""
     since = length - lost_at
-    if lost_at < 0 or since > FUZZY_WINDOW or lost_source <= 0:
+    if lost_at < 0 or since > window or lost_source <= 0:
         return -1
     last = stream[length - 1]
-    width = min(FUZZY_CONTEXT, length)
+    width = min(context, length)
     expected = lost_source + since  # where a same-length substitution would resume
     best, best_similarity, best_distance = -1, 0.0, 0
-    for c in range(max(1, lost_source - 2), min(expected + FUZZY_AHEAD, lost_at)):
+    for c in range(max(1, lost_source - 2), min(expected + ahead, lost_at)):
         if stream[c - 1] != last:
             continue
         w = min(width, c)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 
 from .config import SpeculatorConfig
-from .edits import EDIT_SPAN
 from .history import History
 from .index import MAX_POSITIONS
 from .proposal import Draft, as_token_array
@@ -46,7 +45,7 @@ class SpeculationSession:
         # Costs at this request's context: the speculator's model (as measured so far), else the
         # fixed curve of this config (verify_cost, or the CPU one at 400 tokens of context).
         self._cost_model = fixed_cost_model(config) if cost_model is None else cost_model
-        width = max(config.max_draft_tokens, config.max_tree_tokens) + EDIT_SPAN
+        width = max(config.max_draft_tokens, config.max_tree_tokens) + config.draft_tuning.edit_span
         self._out, self._branch, self._scratch = (np.zeros(width, dtype=np.int32) for _ in range(3))
         self._parents = np.zeros(width, dtype=np.int32)
         self._estimates = np.zeros(width)

@@ -35,11 +35,10 @@ from numba.typed import List
 
 from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
 from .candidates import candidates, continuation
-from .edits import EDIT_SPAN, learn_edit, new_edits
+from .edits import learn_edit, new_edits
 from .index import index_extend
 from .sizing import draft_lengths
 from .tree import add_branch, tree_budget
-from .tuning import EXPLORE_BELOW
 
 # Columns of ``state`` (int64, one row per slot). PENDING: a draft awaits its verdict, of
 # PENDING_LEN chain tokens from PENDING_SOURCE (acceptance.OWN, HISTORY or CONTESTED) after a
@@ -54,7 +53,9 @@ COLUMNS = 19
 FRESH = np.array([0, 0, 0, -1, -1, -1, 0, 0, 0, 0, 0, -1, -1, -1, 0, 0, 0, 0, -1], dtype=np.int64)
 
 # The config's drafting switches as the kernels read them (SessionTable.knobs builds it).
-Knobs = namedtuple("Knobs", "min_n max_n recent copy_cursor fuzzy edit_recurrence prior memory max_tree_tokens")
+Knobs = namedtuple("Knobs", "min_n max_n recent copy_cursor fuzzy edit_recurrence prior memory max_tree_tokens "
+                             "fuzzy_window fuzzy_context fuzzy_ahead fuzzy_below_n tree_cost_slack explore_below "
+                             "request_weight pool_prior_weight pool_window")
 
 
 @njit(cache=True)
@@ -77,7 +78,7 @@ def _extend(s, new, streams, tables, state, evidence, pool, pending, branches, e
         edit = state[s, PENDING_EDIT]
         if edit >= 0 and kept == state[s, PENDING_EDIT_AT] and kept < drafted:
             edit_stamps[s, edit] = 0  # the target refused the edit here: forget it
-        learn(evidence[s], pool, source, match, kept, drafted)
+        learn(evidence[s], pool, source, match, kept, drafted, knobs.pool_window)
         sources = state[s, BRANCHES]
         state[s, PENDING] = 0
     if count == 0:
@@ -116,17 +117,18 @@ def _extend(s, new, streams, tables, state, evidence, pool, pending, branches, e
 
 
 @njit(cache=True)
-def _best_length(own, source, match, acceptance, costs, needs_baseline, memory):
+def _best_length(own, source, match, acceptance, costs, needs_baseline, knobs):
     """Draft length in [0, len(acceptance)] maximising expected emitted tokens per unit verify
     cost, (1 + g_1 + ... + g_k) / cost(k + 1), g_j the product of the first j estimates, a plain
     step scoring 1 / cost(1) = 1 (the sizing rule for one row, :func:`draft_lengths`); costs[q]
-    a forward over q tokens. ``needs_baseline``: no plain step timed at this context yet."""
+    a forward over q tokens. ``needs_baseline``: no plain step timed at this context yet, so a
+    draft expected to gain less than ``knobs.explore_below`` gives way to a plain step."""
     limit = acceptance.shape[0]
     lengths, best = draft_lengths(acceptance.copy().reshape((1, limit)), np.array([limit], dtype=np.int64),
                                   costs[1 : limit + 2].copy(), False)
     if lengths[0] == 0:  # not drafting: let old evidence fade so such drafts are retried
-        fade(own, source, match, memory)
-    elif best < EXPLORE_BELOW and needs_baseline:
+        fade(own, source, match, knobs.memory)
+    elif best < knobs.explore_below and needs_baseline:
         return 0  # a plain step times the one-token forward here, so costs become measured
     return lengths[0]
 
@@ -140,7 +142,7 @@ def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, str
     where ``sized``, the tree by ``tree_costs`` (q up to max(max_tree_tokens, limit) + 1).
     Returns (tokens in ``out``, of them the chain, whether ``parents`` holds a tree, the first
     candidate's match length and start); ``estimates[:chain]`` each chain position's estimate.
-    out, branch, scratch: room for max(limit, max_tree_tokens) + EDIT_SPAN int32."""
+    out, branch, scratch: room for max(limit, max_tree_tokens) + edit span int32."""
     state[s, PENDING] = 0
     if limit <= 0:  # no room left for a draft: nothing to decide
         return 0, 0, False, 0, -1
@@ -156,14 +158,15 @@ def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, str
                                           scratch)
     match = match_length(stream, length, start) if own else first_match
     source = HISTORY if not own else CONTESTED if contested else OWN
-    position_acceptance(evidence[s], pool, knobs.prior, source, match, estimates[:drafted])
+    position_acceptance(evidence[s], pool, knobs.prior, source, match, estimates[:drafted], knobs.request_weight,
+                        knobs.pool_prior_weight)
     if sized:
-        limit = _best_length(evidence[s], source, match, estimates[:drafted], costs, needs_baseline, knobs.memory)
+        limit = _best_length(evidence[s], source, match, estimates[:drafted], costs, needs_baseline, knobs)
     if limit <= 0:  # a match, but drafting would not pay: a plain step ("declined")
         return 0, 0, False, first_match, start
     chain = min(drafted, limit)
     total = chain
-    budget = tree_budget(tree_costs, chain, knobs.max_tree_tokens) if count > 1 else chain
+    budget = tree_budget(tree_costs, chain, knobs.max_tree_tokens, knobs.tree_cost_slack) if count > 1 else chain
     if budget > chain:
         for i in range(chain):
             parents[i] = i - 1
@@ -204,7 +207,7 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
 
     token_ids (R, L) int32: every row's text, as vLLM keeps it; rows, ends, slots, limits (A,)
     int64; drafts (A, K >= limits.max()) int32, lengths (A,) int64, acceptance (A, K) float64."""
-    width = drafts.shape[1] + EDIT_SPAN
+    width = drafts.shape[1] + edit_tokens.shape[3]
     out, scratch = np.zeros(width, dtype=np.int32), np.zeros(width, dtype=np.int32)
     no_costs, no_parents = np.zeros(1), np.zeros(1, dtype=np.int32)
     for r in range(rows.shape[0]):
@@ -227,9 +230,12 @@ class SessionTable:
 
     def __init__(self, config, history=None, slots: int = 16, pool=None):
         self.config, self.history = config, history
+        t = config.draft_tuning
         self.knobs = Knobs(config.min_n, config.max_n, config.match == "recent", config.copy_cursor,
                            config.fuzzy_resync, config.edit_recurrence, float(config.acceptance_prior),
-                           float(config.acceptance_memory), config.max_tree_tokens)
+                           float(config.acceptance_memory), config.max_tree_tokens, t.fuzzy_window, t.fuzzy_context,
+                           t.fuzzy_ahead, t.fuzzy_below_n, float(t.tree_cost_slack), float(t.explore_below),
+                           float(t.request_weight), float(t.pool_prior_weight), float(t.pool_window))
         self.pool = new_evidence() if pool is None else pool  # (3, SOURCES * BUCKETS), shared by every slot
         self.streams = List.empty_list(types.int32[::1])
         self.tables = List.empty_list(types.uint64[::1])
@@ -237,7 +243,7 @@ class SessionTable:
         self.evidence = np.zeros((0,) + self.pool.shape)
         self.pending = np.zeros((0, config.max_draft_tokens), dtype=np.int32)
         self.branches = np.zeros((0, max(config.tree_branches, 1)), dtype=np.int64)
-        self.edit_tokens, self.edit_sizes, self.edit_stamps = new_edits(0)
+        self.edit_tokens, self.edit_sizes, self.edit_stamps = new_edits(0, config.draft_tuning)
         self.free: list[int] = []
         self._grow(slots)
 
@@ -248,7 +254,8 @@ class SessionTable:
         self.pending = np.concatenate([self.pending, np.zeros((added, self.pending.shape[1]), np.int32)])
         self.branches = np.concatenate([self.branches, np.zeros((added, self.branches.shape[1]), np.int64)])
         self.edit_tokens, self.edit_sizes, self.edit_stamps = (
-            np.concatenate([old, fresh]) for old, fresh in zip(self.arrays()[7:10], new_edits(added)))
+            np.concatenate([old, fresh])
+            for old, fresh in zip(self.arrays()[7:10], new_edits(added, self.config.draft_tuning)))
         _append_slots(self.streams, self.tables, added)
         self.free.extend(range(slots - 1, slots - added - 1, -1))  # lowest slot first
 

@@ -3,9 +3,9 @@ of a trie rooted at the last emitted token, verified in the same forward.
 
 ``tokens[i]`` follows ``tokens[parents[i]]`` (-1: the last emitted token); the chain comes first
 (``parents = -1, 0, 1, ...``). A branch walks down the trie while its tokens are already there
-and adds the rest as new nodes. Branches only take positions that cost at most TREE_COST_SLACK
-more than verifying the chain alone: on a GPU machine, where verifying more positions costs
-almost nothing, many; on a small CPU, a few or none.
+and adds the rest as new nodes. Branches only take positions that cost at most a slack
+(``draft_tuning.tree_cost_slack``, 10%) more than verifying the chain alone: on a GPU machine,
+where verifying more positions costs almost nothing, many; on a small CPU, a few or none.
 
 Worked example: chain ``[7 5 6]``, branch ``[7 9]``, room for 4 tokens: ``7`` is the chain's
 first node, ``9`` becomes node 3 under it: tokens ``[7 5 6 9]``, parents ``[-1 0 1 0]``.
@@ -15,16 +15,14 @@ from __future__ import annotations
 
 from numba import njit
 
-TREE_COST_SLACK = 0.1
-
 
 @njit(cache=True)
-def tree_budget(costs, chain, max_tree_tokens):
+def tree_budget(costs, chain, max_tree_tokens, slack):
     """How many tokens the tree may hold: the chain's ``chain`` and as many more (up to
-    ``max_tree_tokens``) as keep the forward within TREE_COST_SLACK of the chain's cost
+    ``max_tree_tokens``) as keep the forward within ``slack`` of the chain's cost
     (``costs[q]``: a forward over q tokens, q up to ``max(max_tree_tokens, chain) + 1``)."""
     budget = chain
-    ceiling = costs[chain + 1] * (1 + TREE_COST_SLACK)
+    ceiling = costs[chain + 1] * (1 + slack)
     while budget < max_tree_tokens and costs[budget + 2] <= ceiling:
         budget += 1
     return budget

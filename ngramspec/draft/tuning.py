@@ -13,11 +13,6 @@ from .config import SpeculatorConfig
 from .proposal import Draft
 from .sizing import draft_lengths
 
-# With a cost model that has not yet timed a one-token forward at this context, a draft whose
-# expected gain over a plain step is below this factor gives way to a plain step: the gain is
-# uncertain (the relative costs are the prior's), and the step measures them. Surer drafts go on.
-EXPLORE_BELOW = 2.0
-
 
 def fixed_cost_model(config: SpeculatorConfig) -> OnlineCost:
     """The cost model of a fixed curve, which timings never move: ``verify_cost``, or where it
@@ -26,14 +21,15 @@ def fixed_cost_model(config: SpeculatorConfig) -> OnlineCost:
                       tuning=config.cost_tuning)
 
 
-def batch_draft_length(drafts: list[Draft], cost=None, explore: bool = False) -> int:
+def batch_draft_length(drafts: list[Draft], cost=None, explore_below: float | None = None) -> int:
     """One draft length K for a batch verified in one forward of shape (rows, K + 1): the
     sizing rule, padded (:func:`ngramspec.draft.sizing.draft_lengths`), with ``cost(n)`` the cost of
     one forward over n tokens of these rows relative to their plain step. Every row pays for
     K + 1 positions whatever its own draft, so on a device already busy with a large batch no
-    K pays (0: a plain batched step) until rows show long, reliable matches. ``explore``: a
-    plain step's timing is missing, so a marginal K (under EXPLORE_BELOW expected tokens per
-    row and unit cost) gives way to a plain step that measures it. ``cost=None`` (payoff
+    K pays (0: a plain batched step) until rows show long, reliable matches. ``explore_below``
+    (``draft_tuning.explore_below``, given where a plain step's timing is missing): a marginal
+    K, under that many expected tokens per row and unit cost, gives way to a plain step that
+    measures it, since the gain is uncertain while the relative costs are the prior's. ``cost=None`` (payoff
     sizing off): the longest draft of any row."""
     rows = len(drafts)
     limits = np.array([len(d) for d in drafts], dtype=np.int64)
@@ -50,6 +46,6 @@ def batch_draft_length(drafts: list[Draft], cost=None, explore: bool = False) ->
             acceptance[b, : estimates.shape[0]] = estimates
     step_costs = np.array([cost(rows * (k + 1)) for k in range(longest + 1)], dtype=np.float64)
     lengths, value = draft_lengths(acceptance, limits, step_costs, True)
-    if explore and value < EXPLORE_BELOW * rows:
+    if explore_below is not None and value < explore_below * rows:
         return 0
     return int(lengths.max())

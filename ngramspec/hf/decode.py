@@ -302,7 +302,9 @@ def _propose(rows: _Rows, options: Options) -> tuple[list[list[int]], list | Non
         cost, context, n = options.forward_cost, rows.context(), len(rows.active)
         # Where no plain step of these rows was timed yet, a marginal draft gives way to one.
         explore = cost is not None and options.timer is not None and options.timer.cost.needs_baseline(context, n)
-        width = batch_draft_length(rows.proposals, None if cost is None else lambda t: cost(t, context, n), explore)
+        explore_below = rows.sessions[rows.active[0]].config.draft_tuning.explore_below if explore else None
+        width = batch_draft_length(rows.proposals, None if cost is None else lambda t: cost(t, context, n),
+                                   explore_below)
         drafts = [p.tokens[:width].tolist() for p in rows.proposals]
         parents = None
     spent = (time.perf_counter() - t0) / len(rows.active)
