@@ -243,6 +243,9 @@ def test_settings_from_the_environment(monkeypatch):
         Proposer(vllm_config(k=10))
     monkeypatch.setenv("NGRAMSPEC_SETTINGS", "edit_recurrence=true")  # the one engine learns edits for rows too
     assert Proposer(vllm_config()).sessions.table.knobs.edit_recurrence
+    monkeypatch.setenv("NGRAMSPEC_SETTINGS", "tree_branches=3")
+    with pytest.raises(ValueError, match="tree_branches=3, but vLLM verifies a chain"):
+        Proposer(vllm_config())
     monkeypatch.setenv("NGRAMSPEC_SETTINGS", "max_draft_tokens=64")  # past max_tree_tokens too
     with pytest.raises(ValueError, match="max_draft_tokens=64, above vLLM's num_speculative_tokens=16"):
         Proposer(vllm_config(k=16))

@@ -63,6 +63,10 @@ def speculator_config(max_draft: int, settings: str | None = None) -> Speculator
     base = SpeculatorConfig(max_draft_tokens=max_draft, max_tree_tokens=max(24, max_draft),
                             history_tokens=HISTORY_TOKENS)
     config = config_with(base, values)
+    if config.tree_branches > 1:  # the engine drafts trees, but vLLM verifies chains: no silent no-op
+        raise ValueError(f"{SETTINGS_ENV} sets tree_branches={config.tree_branches}, but vLLM verifies a chain of "
+                         "draft tokens per row; token trees apply to generate() and the ngramspec commands. "
+                         "Remove it here.")
     return config
 
 
