@@ -47,6 +47,16 @@ from .curves import CPU_PRIOR, CostPrior
 from .fit import line_scale
 
 
+def check_numbers(settings) -> None:
+    """Every field of the dataclass ``settings`` holds a number of its declared type: an int
+    where it says int, else an int or a float; never a bool (a TypeError names the field)."""
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        number = (int,) if f.type in ("int", int) else (int, float)
+        if not isinstance(value, number) or isinstance(value, bool):
+            raise TypeError(f"{f.name} must be {'an int' if number == (int,) else 'a number'}, got {value!r}.")
+
+
 @dataclass(frozen=True)
 class CostModelTuning:
     """How :class:`OnlineCost` learns from timings (``SpeculatorConfig.cost_tuning``; on a
@@ -88,11 +98,7 @@ class CostModelTuning:
     explore_scale: float = 0.25
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            number = (int,) if f.type in ("int", int) else (int, float)
-            if not isinstance(value, number) or isinstance(value, bool):
-                raise TypeError(f"{f.name} must be {'an int' if number == (int,) else 'a number'}, got {value!r}.")
+        check_numbers(self)
         for name in ("window", "min_samples", "step_window", "step_refit", "explore_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")

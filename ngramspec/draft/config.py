@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields, is_dataclass, replace
 
-from ..cost.costmodel import CostModelTuning
+from ..cost.costmodel import CostModelTuning, check_numbers
 from ..cost.curves import DEFAULT_CPU_CURVE, CostCurve
 
 MATCH_POLICIES = ("recent", "earliest")
@@ -49,26 +49,32 @@ class DraftTuning:
             follows a workload that changes.
     """
 
+    # fuzzy re-alignment (ngramspec.draft.realign)
     fuzzy_window: int = 12
     fuzzy_context: int = 6
     fuzzy_ahead: int = 16
     fuzzy_below_n: int = 3
+    # learned edits (ngramspec.draft.edits)
     edit_span: int = 8
     max_edits: int = 8
+    # token trees (ngramspec.draft.tree) and exploring (ngramspec.draft.sessions)
     tree_cost_slack: float = 0.1
     explore_below: float = 2.0
+    # acceptance (ngramspec.draft.acceptance)
     request_weight: float = 4.0
     pool_prior_weight: float = 2.0
     pool_window: float = 4096.0
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value, whole = getattr(self, f.name), f.type in ("int", int)
-            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
-                raise SettingError(f"draft_tuning.{f.name} must be {'an int' if whole else 'a number'}, got {value!r}.")
-            least = 0 if f.name in ("fuzzy_below_n", "tree_cost_slack", "explore_below") else 1  # 0: rule off
-            if value < least:
-                raise SettingError(f"draft_tuning.{f.name} must be >= {least}, got {value!r}.")
+        """Numbers of their declared types, each at least 1, or 0 where 0 turns a rule off."""
+        least = {f.name: 0 if f.name in _MAY_BE_ZERO else 1 for f in fields(self)}
+        check_numbers(self)
+        for name, bound in least.items():
+            if getattr(self, name) < bound:
+                raise ValueError(f"{name} must be >= {bound}, got {getattr(self, name)!r}.")
+
+
+_MAY_BE_ZERO = ("fuzzy_below_n", "tree_cost_slack", "explore_below")  # 0 turns these rules off
 
 
 @dataclass(frozen=True)
