@@ -154,8 +154,9 @@ ROUTES = {"keywords": (_by_keywords, SpeculatorConfig), "flags": (_by_flags, Spe
     "verify_cost=1:1.0,8:1.5,max_draft_tokens=12",
     "payoff_sizing=false,acceptance_prior=0.6,acceptance_memory=0.8",
     "match=earliest,copy_cursor=false,fuzzy_resync=true",
-    "history_tokens=5000,tree_branches=2",
+    "history_tokens=5000,edit_recurrence=true",  # (vLLM refuses tree_branches > 1: it verifies chains)
     "cost_tuning.window=20,max_n=4,cost_tuning.explore_scale=0.5",
+    "draft_tuning.fuzzy_window=6,draft_tuning.max_edits=2,draft_tuning.pool_window=512",
 ])
 def test_every_route_gives_the_same_config_for_the_same_text(text):
     assert parse_config(text) != SpeculatorConfig()
@@ -172,6 +173,7 @@ def test_every_route_gives_the_same_config_for_the_same_text(text):
     ("acceptance_memory=1.5", r"acceptance_memory must be in \[0, 1\]"),
     ("cost_tuning.window=0", r"cost_tuning.window must be >= 1"),
     ("cost_tuning.same_load=fast", r"cost_tuning.same_load must be a number, got 'fast'"),
+    ("draft_tuning.edit_span=0", r"draft_tuning.edit_span must be >= 1"),
 ])
 def test_every_route_refuses_a_bad_setting_with_the_same_message(text, message, capsys):
     from ngramspec.app.process import CliError
