@@ -80,7 +80,7 @@ class SpeculationSession:
         needs_baseline = sized and self._cost_model.needs_baseline(length)
         count, chain, is_tree, match_len, source_start = propose_slot(
             self._slot, max(limit, 0), wanted, sized, needs_baseline, costs, tree_costs, *self._table.arrays(),
-            *self._table.history_arrays(), self._table.knobs, self._out, self._parents, self._estimates,
+            *self._table.history_arrays(), self._table.knob_values, self._out, self._parents, self._estimates,
             self._scratch, self._branch)
         if count == 0:
             return Draft(_NO_TOKENS, match_len=int(match_len), source_start=int(source_start))
@@ -101,7 +101,7 @@ class SpeculationSession:
     def _extend(self, tokens: np.ndarray) -> None:
         if self.length + tokens.shape[0] > MAX_POSITIONS:
             raise ValueError(f"an n-gram index holds at most {MAX_POSITIONS:,} tokens")
-        extend_slot(self._slot, tokens, *self._table.arrays(), self._table.knobs)
+        extend_slot(self._slot, tokens, *self._table.arrays(), self._table.knob_values)
 
     @property
     def pending_length(self) -> int:

@@ -52,10 +52,19 @@ LENGTH, USED, PROMPT, CURSOR, LOST_AT, LOST_SOURCE, PENDING, PENDING_LEN, PENDIN
 COLUMNS = 19
 FRESH = np.array([0, 0, 0, -1, -1, -1, 0, 0, 0, 0, 0, -1, -1, -1, 0, 0, 0, 0, -1], dtype=np.int64)
 
-# The config's drafting switches as the kernels read them (SessionTable.knobs builds it).
+# The config's drafting switches as the kernels read them (SessionTable.knobs builds it). They
+# enter a compiled call packed in one float64 array, ``knob_values`` (~0.2 us to pass, where the
+# namedtuple takes ~1.6 us: a step calls twice), and :func:`read_knobs` unpacks them.
 Knobs = namedtuple("Knobs", "min_n max_n recent copy_cursor fuzzy edit_recurrence prior memory max_tree_tokens "
                              "fuzzy_window fuzzy_context fuzzy_ahead fuzzy_below_n tree_cost_slack explore_below "
                              "request_weight pool_prior_weight pool_window")
+
+
+@njit(cache=True)
+def read_knobs(v):
+    """The Knobs packed in ``v`` (float64, in Knobs' order)."""
+    return Knobs(int(v[0]), int(v[1]), v[2] != 0, v[3] != 0, v[4] != 0, v[5] != 0, v[6], v[7], int(v[8]), int(v[9]),
+                 int(v[10]), int(v[11]), int(v[12]), v[13], v[14], v[15], v[16], v[17])
 
 
 @njit(cache=True)
@@ -136,7 +145,17 @@ def _best_length(own, source, match, acceptance, costs, needs_baseline, knobs):
 @njit(cache=True)
 def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, streams, tables, state, evidence, pool,
                  pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
-                 knobs, out, parents, estimates, scratch, branch):
+                 knob_values, out, parents, estimates, scratch, branch):
+    """:func:`_propose` for one slot, the knobs packed (:func:`read_knobs`)."""
+    return _propose(s, limit, wanted, sized, needs_baseline, costs, tree_costs, streams, tables, state, evidence, pool,
+                    pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
+                    read_knobs(knob_values), out, parents, estimates, scratch, branch)
+
+
+@njit(cache=True)
+def _propose(s, limit, wanted, sized, needs_baseline, costs, tree_costs, streams, tables, state, evidence, pool,
+             pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length, knobs,
+             out, parents, estimates, scratch, branch):
     """Slot s drafts up to ``limit`` tokens from up to ``wanted`` candidates (a tree where
     several add tokens), sized by ``costs`` (q -> a forward over q tokens, q up to limit + 1)
     where ``sized``, the tree by ``tree_costs`` (q up to max(max_tree_tokens, limit) + 1).
@@ -189,17 +208,17 @@ def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, str
 
 @njit(cache=True)
 def extend_slot(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes,
-                edit_stamps, knobs):
+                edit_stamps, knob_values):
     """Slot s takes the tokens the target emitted (``new``, int32), its pending draft having had
     ``state[s, VERIFIED]`` tokens verified (-1: all)."""
     _extend(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes, edit_stamps,
-            knobs)
+            read_knobs(knob_values))
 
 
 @njit(cache=True)
 def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evidence, pool, pending, branches,
-               edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length, knobs, drafts, lengths,
-               acceptance):
+               edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length, knob_values, drafts,
+               lengths, acceptance):
     """For each row r: slot ``slots[r]`` learns from its pending draft, appends
     ``token_ids[rows[r], state[LENGTH]:ends[r]]`` and drafts a chain of up to ``limits[r]``
     tokens, unsized, into ``drafts[r]`` (``lengths[r]`` of them, each position's acceptance
@@ -207,6 +226,7 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
 
     token_ids (R, L) int32: every row's text, as vLLM keeps it; rows, ends, slots, limits (A,)
     int64; drafts (A, K >= limits.max()) int32, lengths (A,) int64, acceptance (A, K) float64."""
+    knobs = read_knobs(knob_values)
     width = drafts.shape[1] + edit_tokens.shape[3]
     out, scratch = np.zeros(width, dtype=np.int32), np.zeros(width, dtype=np.int32)
     no_costs, no_parents = np.zeros(1), np.zeros(1, dtype=np.int32)
@@ -216,7 +236,7 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
         if seen < ends[r]:
             _extend(s, token_ids[rows[r], seen : ends[r]], streams, tables, state, evidence, pool, pending, branches,
                     edit_tokens, edit_sizes, edit_stamps, knobs)
-        lengths[r] = propose_slot(s, limits[r], 1, False, False, no_costs, no_costs, streams, tables, state, evidence,
+        lengths[r] = _propose(s, limits[r], 1, False, False, no_costs, no_costs, streams, tables, state, evidence,
                                   pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history,
                                   history_slots, history_length, knobs, out, no_parents, acceptance[r], scratch,
                                   scratch)[0]
@@ -236,6 +256,7 @@ class SessionTable:
                            float(config.acceptance_memory), config.max_tree_tokens, t.fuzzy_window, t.fuzzy_context,
                            t.fuzzy_ahead, t.fuzzy_below_n, float(t.tree_cost_slack), float(t.explore_below),
                            float(t.request_weight), float(t.pool_prior_weight), float(t.pool_window))
+        self.knob_values = np.array(self.knobs, dtype=np.float64)  # as compiled calls take them
         self.pool = new_evidence() if pool is None else pool  # (3, SOURCES * BUCKETS), shared by every slot
         self.streams = List.empty_list(types.int32[::1])
         self.tables = List.empty_list(types.uint64[::1])
@@ -310,7 +331,7 @@ class SessionTable:
         acceptance = np.zeros(drafts.shape)
         draft_rows(np.ascontiguousarray(token_ids), rows.astype(np.int64), ends.astype(np.int64),
                    slots.astype(np.int64), np.minimum(limits, drafts.shape[1]).astype(np.int64), *self.arrays(),
-                   *self.history_arrays(), self.knobs, drafts, lengths, acceptance)
+                   *self.history_arrays(), self.knob_values, drafts, lengths, acceptance)
         return drafts, lengths, acceptance
 
 

@@ -17,7 +17,7 @@ ROWS, SLOTS, LIMITS, LENGTHS = range(4)  # rows of propose_rows' work array
 @njit(cache=True)
 def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, streams, tables, state, evidence,
                  pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
-                 knobs, settings, step_costs, work, drafts, acceptance, kept):
+                 knob_values, settings, step_costs, work, drafts, acceptance, kept):
     """One engine step's drafting, all rows in one call. Returns (live, matched, continued,
     context): the decoding rows (``rows[:live]``), whether every one held its slot, how many
     of those slots ran in the step before, and the rows' mean length.
@@ -30,7 +30,7 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     extends and drafts (:func:`ngramspec.draft.sessions.draft_rows`), all drafts are sized together
     (:func:`ngramspec.draft.sizing.draft_lengths`, flattened; step_costs[m] prices a step over the
     rows' last tokens and m draft tokens) and the slots note what the next step verifies.
-    ``stamp`` marks the slots' STAMP. The slots' arrays and ``knobs`` are the
+    ``stamp`` marks the slots' STAMP. The slots' arrays and ``knob_values`` are the
     :class:`~ngramspec.draft.sessions.SessionTable`'s; settings (int64): payoff, max_draft,
     max_model_len. Out:
     work (4, >= A) int64: the rows, their slots, limits and sized draft lengths; acceptance
@@ -67,7 +67,7 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
         limits[r] = max(min(max_draft, max_model_len - row_ends[r] - 1, drafts.shape[1]), 0)
     draft_rows(token_ids, rows[:live], row_ends, slots[:live], limits[:live], streams, tables, state, evidence,
                pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
-               knobs, drafts, lengths, acceptance)
+               knob_values, drafts, lengths, acceptance)
     # 4. One length per row, for all rows together (the step's total token count).
     if payoff and lengths[:live].sum() >= step_costs.shape[0]:
         raise ValueError("step_costs must price every total the drafts could add")

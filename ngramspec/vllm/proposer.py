@@ -213,7 +213,7 @@ class Proposer:
         stamp = sessions.steps + 1 if check else sessions.steps  # RowSessions.step has stamped the others
         return propose_rows(
             token_ids, ends, sampled, sessions.rows, expected if self.usual_step or not check else -1, check, stamp,
-            *table.arrays(), history, history_slots, history_length, table.knobs, self._settings, step_costs,
+            *table.arrays(), history, history_slots, history_length, table.knob_values, self._settings, step_costs,
             self._work, self._drafts, self._acceptance, self._kept)
 
     def _allocate(self, rows: int) -> None:
