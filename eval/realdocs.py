@@ -305,21 +305,16 @@ BOUND_SETS = ("jfleg", "asset", "iterater_human", "humanevalfix", "quixbugs", "e
 def bounds(args) -> int:
     """Per set: share of references (people's edits) the guard's rules would stop or keep."""
     import tasks
-    from ngramspec.app.guard import (
-        GROWTH_SLACK_CHARS,
-        MAX_GROWTH,
-        SIMILARITY_FLOOR,
-        length_bound,
-        longest_periodic_stretch,
-        loop_allowance,
-        similarity,
-    )
+    from ngramspec.app.guard import length_bound, longest_periodic_stretch, loop_allowance, similarity
+    from ngramspec.app.settings import JobSettings
     from ngramspec.models import load_model
+
+    settings = JobSettings()
 
     _, tokenizer = load_model(args.model)
     lines = ["How often the guard's rules would stop or discard a person's edit: each reference of the "
              "shared rewriting and code-editing sets against its source, with the defaults "
-             f"(similarity floor {SIMILARITY_FLOOR}, max growth {MAX_GROWTH}).", "",
+             f"(similarity floor {settings.similarity_floor}, max growth {settings.max_growth}).", "",
              f"Command: `{args.command_line}`", "",
              "| set | pairs | loop stop | length bound (stops) | similarity < floor | longer than max growth | "
              "any rule |", "|---|---|---|---|---|---|---|"]
@@ -328,13 +323,13 @@ def bounds(args) -> int:
         pairs = 0
         for item in tasks.load_items(name, args.data_dir):
             source_ids = tokenizer(item["source"], add_special_tokens=False)["input_ids"]
-            allowance = loop_allowance(source_ids)
+            allowance = loop_allowance(source_ids, settings)
             for ref in item["references"]:
                 ref_ids = tokenizer(ref, add_special_tokens=False)["input_ids"]
-                hits = [longest_periodic_stretch(ref_ids) > allowance,
-                        len(ref_ids) >= length_bound(len(source_ids)),
-                        similarity(item["source"], ref) < SIMILARITY_FLOOR,
-                        len(ref) > MAX_GROWTH * len(item["source"]) + GROWTH_SLACK_CHARS]
+                hits = [longest_periodic_stretch(ref_ids, settings.max_period) > allowance,
+                        len(ref_ids) >= length_bound(len(source_ids), settings),
+                        similarity(item["source"], ref) < settings.similarity_floor,
+                        len(ref) > settings.max_growth * len(item["source"]) + settings.growth_slack_chars]
                 pairs += 1
                 for k, hit in enumerate(hits + [any(hits)]):
                     counts[k] += hit
@@ -362,7 +357,7 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     if args.chunk_tokens is None:
-        from ngramspec.app.documents import CHUNK_TOKENS
+        from ngramspec.app.settings import JobSettings
 
-        args.chunk_tokens = CHUNK_TOKENS
+        args.chunk_tokens = JobSettings().chunk_tokens
     return bounds(args) if args.bounds else run_suite(args)

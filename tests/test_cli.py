@@ -152,12 +152,21 @@ def test_error_paths_exit_2_with_a_message(tmp_path, cache_env, args, content, m
 
 
 def test_options_default_to_the_document_job_settings():
-    from ngramspec.app.cli import build_parser
-    from ngramspec.app.documents import CHUNK_TOKENS, SUMMARIZE_INSTRUCTION
+    from ngramspec.app.cli import build_parser, job_settings
+    from ngramspec.app.documents import SUMMARIZE_INSTRUCTION
+    from ngramspec.app.settings import JobSettings
 
+    defaults = JobSettings()
     args = build_parser().parse_args(["summarize", "notes.txt"])
-    assert (args.instruction, args.chunk_tokens) == (SUMMARIZE_INSTRUCTION, CHUNK_TOKENS)
-    assert build_parser().parse_args(["rewrite", "a", "--instruction", "x"]).chunk_tokens == CHUNK_TOKENS
+    assert (args.instruction, args.chunk_tokens) == (SUMMARIZE_INSTRUCTION, defaults.chunk_tokens)
+    assert job_settings(args) == defaults  # summarize: no drift options, their defaults
+    args = build_parser().parse_args(["rewrite", "a", "--instruction", "x"])
+    assert (args.chunk_tokens, args.keep_drifted, args.max_growth) == (
+        defaults.chunk_tokens, defaults.similarity_floor, defaults.max_growth)
+    assert job_settings(args) == defaults
+    args = build_parser().parse_args(["rewrite", "a", "--instruction", "x", "--chunk-tokens", "100",
+                                      "--keep-drifted", "0.5", "--max-growth", "2"])
+    assert job_settings(args) == JobSettings(chunk_tokens=100, similarity_floor=0.5, max_growth=2.0)
 
 
 def test_missing_instruction_is_a_usage_error(monkeypatch, capsys, cache_env):

@@ -8,8 +8,6 @@ from hypothesis import strategies as st
 
 from ngramspec.app.documents import DegenerateOutput, DocumentJob
 from ngramspec.app.guard import (
-    MAX_PERIOD,
-    MIN_LOOP_TOKENS,
     LoopStop,
     drift_reason,
     length_bound,
@@ -17,6 +15,9 @@ from ngramspec.app.guard import (
     loop_allowance,
     markdown_outline,
 )
+from ngramspec.app.settings import JobSettings
+
+MAX_PERIOD, MIN_LOOP_TOKENS = JobSettings().max_period, JobSettings().min_loop_tokens
 
 
 def periodic_stretch_reference(tokens) -> int:
@@ -82,7 +83,8 @@ def test_loop_stop_copies_the_source_s_own_repetition_but_not_more():
 
 
 def test_length_bound_and_allowance():
-    assert length_bound(100, 1.3) == 130 + 64
+    assert length_bound(100) == 130 + 64
+    assert length_bound(100, JobSettings(similarity_floor=0)) == 200 + 64  # the guard off: unguarded_growth
     assert loop_allowance([1, 2, 3]) == MIN_LOOP_TOKENS
 
 
@@ -101,7 +103,7 @@ FRONT = "---\ntitle: x\n---\n# Title\n\nSome text with a typo.\n\n- one\n- two\n
 def test_drift_reasons_for_markdown(rewrite, kind, reason):
     why = drift_reason(FRONT, rewrite, kind)
     assert (reason in why) if reason else why == ""
-    assert drift_reason(FRONT, rewrite, kind, similarity_floor=0) == ""  # the guard off
+    assert drift_reason(FRONT, rewrite, kind, JobSettings(similarity_floor=0)) == ""  # the guard off
 
 
 def test_code_that_parsed_must_still_parse():

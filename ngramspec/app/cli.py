@@ -50,12 +50,15 @@ import os
 import sys
 from pathlib import Path
 
-from .documents import CHUNK_TOKENS, MIN_CHUNK_TOKENS, SUMMARIZE_INSTRUCTION, SUMMARY_TOKENS
-from .guard import MAX_GROWTH, SIMILARITY_FLOOR
+from .documents import SUMMARIZE_INSTRUCTION
 from .jobs import start_processes
 from .process import CliError, DegenerateError, WriteError, lock_output, output_path, process_share, write_stdout
+from .settings import JobSettings
 
 EXIT_FAILED, EXIT_USAGE, EXIT_GUARDED, EXIT_DEGENERATE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+# The JobSettings fields set by an option (their defaults are the option's): field -> (flag, dest).
+JOB_OPTIONS = {"chunk_tokens": ("--chunk-tokens", "chunk_tokens"),
+               "similarity_floor": ("--keep-drifted", "keep_drifted"), "max_growth": ("--max-growth", "max_growth")}
 
 
 def _config_options(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +100,7 @@ def _setting_parser(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    defaults = JobSettings()
     parser = argparse.ArgumentParser(prog="ngramspec", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{rewrite,summarize}")
@@ -121,20 +125,22 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--diff", action="store_true",
                            help="print a unified diff of each INPUT against its rewrite to stdout and write "
                                 "nothing (both headers name INPUT, so `patch -p0 < DIFF` applies it)")
-            p.add_argument("--keep-drifted", type=float, default=SIMILARITY_FLOOR, metavar="BELOW",
+            p.add_argument("--keep-drifted", type=float, default=defaults.similarity_floor, metavar="BELOW",
                            help="drift guard: keep a chunk as it was when its rewrite's similarity to it "
                                 "(0-1, as --stats reports it) is below BELOW, when it is longer than "
                                 "--max-growth, or when it broke the chunk's structure; a line on stderr per "
                                 "kept chunk and exit status 3. 0 turns the guard off")
-            p.add_argument("--max-growth", type=float, default=MAX_GROWTH, metavar="RATIO",
+            p.add_argument("--max-growth", type=float, default=defaults.max_growth, metavar="RATIO",
                            help="drift guard: longest rewrite kept, as a multiple of its chunk's length (a "
                                 "chunk also stops generating there); raise it for instructions that add text")
         p.add_argument("--model", default="default",
                        help="'default' (SmolLM2-135M-Instruct), a local model folder or a hub id")
         p.add_argument("--max-new-tokens", type=int, default=None,
-                       help="tokens generated per chunk (default: rewrite 2x the chunk + 64, "
-                            f"summarize {SUMMARY_TOKENS})")
-        p.add_argument("--chunk-tokens", type=int, default=CHUNK_TOKENS, help="largest chunk, in tokens")
+                       help=f"tokens generated per chunk (default: rewrite --max-growth x the chunk + "
+                            f"{defaults.length_slack}, {defaults.unguarded_growth}x with the guard off; "
+                            f"summarize {defaults.summary_tokens})")
+        p.add_argument("--chunk-tokens", type=int, default=defaults.chunk_tokens,
+                       help=f"largest chunk, in tokens (at least {defaults.min_chunk_tokens})")
         p.add_argument("--kind", choices=("auto", "text", "markdown", "code"), default="auto",
                        help="how to find chunk boundaries (auto: from the file suffix)")
         p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -181,12 +187,7 @@ def _check_args(args) -> None:
     inputs, in_place, diff = args.inputs, getattr(args, "in_place", False), getattr(args, "diff", False)
     if diff and (args.output is not None or args.out_dir is not None or in_place):
         raise CliError("--diff prints to stdout and writes nothing; drop -o/--output, --out-dir and --in-place")
-    keep = getattr(args, "keep_drifted", None)
-    if keep is not None and not 0.0 <= keep <= 1.0:
-        raise CliError("--keep-drifted takes a similarity between 0 and 1, e.g. 0.5 (0 turns the guard off)")
-    growth = getattr(args, "max_growth", None)
-    if growth is not None and not growth >= 1.0:
-        raise CliError("--max-growth takes a length ratio of at least 1, e.g. 1.3")
+    job_settings(args)  # --keep-drifted, --max-growth, --chunk-tokens: checked as JobSettings checks them
     if len(set(inputs)) != len(inputs):
         raise CliError("an input is given twice")
     if "-" in inputs and len(inputs) > 1:
@@ -217,10 +218,21 @@ def _check_args(args) -> None:
                 raise CliError(f"the output for {x} would overwrite it; choose another --out-dir or pass --in-place")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise CliError("--max-new-tokens must be at least 1")
-    if args.chunk_tokens < MIN_CHUNK_TOKENS:
-        raise CliError(f"--chunk-tokens must be at least {MIN_CHUNK_TOKENS}")
     if args.temperature <= 0:
         raise CliError("--temperature must be > 0")
+
+
+def job_settings(args) -> JobSettings:
+    """The JobSettings of the options in JOB_OPTIONS (summarize has no drift options: their
+    defaults); a bad value is a usage error naming the option."""
+    given = {name: getattr(args, dest) for name, (_, dest) in JOB_OPTIONS.items() if hasattr(args, dest)}
+    try:
+        return JobSettings(**given)
+    except (TypeError, ValueError) as err:
+        message = str(err)
+        for name, (flag, _) in JOB_OPTIONS.items():
+            message = message.replace(f"JobSettings.{name} ", f"{flag} ")
+        raise CliError(message) from None
 
 
 def shard_by_size(sizes: list[int], processes: int) -> list[list[int]]:
@@ -262,10 +274,8 @@ def _document_job(args, config, device: str | None, stream: bool):
 
         streamer_factory = lambda: TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)  # noqa: E731
     return DocumentJob(model, tokenizer, None if args.no_speculation else NgramSpeculator(config),
-                       max_new_tokens=args.max_new_tokens, chunk_tokens=args.chunk_tokens, sample=args.sample,
-                       temperature=args.temperature, seed=args.seed, streamer_factory=streamer_factory,
-                       similarity_floor=getattr(args, "keep_drifted", SIMILARITY_FLOOR),
-                       max_growth=getattr(args, "max_growth", MAX_GROWTH))
+                       max_new_tokens=args.max_new_tokens, sample=args.sample, temperature=args.temperature,
+                       seed=args.seed, streamer_factory=streamer_factory, settings=job_settings(args))
 
 
 @contextlib.contextmanager

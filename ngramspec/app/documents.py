@@ -12,14 +12,16 @@ summarizes each chunk and then, when there were several, the chunk summaries tog
 Every chunk is guarded (``guard.py``): its generation stops once it loops or runs past the
 length bound, and a rewrite that drifted (low similarity, too long, broken structure) is
 discarded and the chunk kept as it was, listed in ``stats.guarded``. A summary that loops
-raises :class:`DegenerateOutput` rather than return garbage.
+raises :class:`DegenerateOutput` rather than return garbage. Every number that tunes this
+(chunk size, context shown, summary length, the guard's floor and bounds) is a field of the
+job's :class:`~ngramspec.app.settings.JobSettings`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import StoppingCriteriaList
@@ -27,15 +29,11 @@ from transformers import StoppingCriteriaList
 from ..draft.metrics import DecodeStats
 from ..hf.hook import install
 from .chunking import Chunk, join_chunks, split_document
-from .guard import MAX_GROWTH, SIMILARITY_FLOOR, LoopStop, drift_reason, length_bound, similarity
+from .guard import LoopStop, drift_reason, length_bound, similarity
+from .settings import JobSettings
 
-# Defaults of a DocumentJob, which the CLI's options read from here.
+# The summarize command's default instruction (the CLI's --instruction default reads it here).
 SUMMARIZE_INSTRUCTION = "Summarize the following text in a few sentences."
-CHUNK_TOKENS = 768  # largest chunk, in tokens (DocumentJob lowers it further for a short context)
-MIN_CHUNK_TOKENS = 32  # smallest allowed: a chunk of a sentence or two gives the model too little context
-SUMMARY_TOKENS = 256  # new tokens per chunk summary when max_new_tokens is not given
-CONTEXT_CHARS = 300  # how much of the previous rewritten chunk is shown as context
-UNGUARDED_GROWTH = 2.0  # the length bound's growth with the drift guard off (was the budget before)
 
 
 @dataclass
@@ -104,21 +102,22 @@ class JobStats:
 
 
 class DocumentJob:
-    """Generation settings shared by every chunk of a document. ``similarity_floor`` and
-    ``max_growth`` set the drift guard (``guard.drift_reason``; a floor of 0 turns it off).
-    Installs the ``generate()`` hook it decodes through (:func:`ngramspec.install`)."""
+    """Generation settings shared by every chunk of a document. ``settings`` (a
+    :class:`JobSettings`, its defaults when None) tunes chunking and the guard; a field of it
+    may also be given by name, e.g. ``DocumentJob(model, tokenizer, chunk_tokens=256,
+    similarity_floor=0)`` (a floor of 0 turns the drift guard off), checked as the dataclass
+    checks it. Installs the ``generate()`` hook it decodes through (:func:`ngramspec.install`)."""
 
     def __init__(self, model, tokenizer, speculator=None, max_new_tokens: int | None = None,
-                 chunk_tokens: int = CHUNK_TOKENS, sample: bool = False, temperature: float = 1.0,
-                 seed: int | None = None, streamer_factory: Callable | None = None,
-                 similarity_floor: float = SIMILARITY_FLOOR, max_growth: float = MAX_GROWTH):
+                 sample: bool = False, temperature: float = 1.0, seed: int | None = None,
+                 streamer_factory: Callable | None = None, settings: JobSettings | None = None, **changes):
         self.model, self.tokenizer, self.speculator = model, tokenizer, speculator
         self.max_new_tokens, self.sample, self.temperature, self.seed = max_new_tokens, sample, temperature, seed
         self.streamer_factory = streamer_factory
-        self.similarity_floor, self.max_growth = similarity_floor, max_growth
+        self.settings = replace(settings or JobSettings(), **changes)
         limit = getattr(model.config, "max_position_embeddings", None) or 8192
         # A chunk, its prompt and its output must fit the context: cap chunks accordingly.
-        self.chunk_tokens = max(MIN_CHUNK_TOKENS, min(chunk_tokens, (limit - 256) // 3))
+        self.chunk_tokens = max(self.settings.min_chunk_tokens, min(self.settings.chunk_tokens, (limit - 256) // 3))
         self.context_limit = limit
         self.stats = JobStats()
         install()
@@ -161,7 +160,7 @@ class DocumentJob:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         loop_stop = None
         if source is not None:
-            loop_stop = LoopStop(self.token_ids(source), ids.shape[1])
+            loop_stop = LoopStop(self.token_ids(source), ids.shape[1], self.settings)
             kwargs["stopping_criteria"] = StoppingCriteriaList([loop_stop])
         if self.streamer_factory is not None:
             kwargs["streamer"] = self.streamer_factory()
@@ -197,8 +196,7 @@ class DocumentJob:
         be discarded anyway), or --max-new-tokens; never more than half the context."""
         if self.max_new_tokens is not None:
             return self.max_new_tokens
-        growth = self.max_growth if self.similarity_floor > 0 else UNGUARDED_GROWTH
-        return min(length_bound(self.count_tokens(body), growth), self.context_limit // 2)
+        return min(length_bound(self.count_tokens(body), self.settings), self.context_limit // 2)
 
     # -- whole documents ----------------------------------------------------------------------
     def rewrite(self, document: str, instruction: str, kind: str = "text", done: dict | None = None,
@@ -215,13 +213,12 @@ class DocumentJob:
             elif not chunk.body:
                 text = ""
             else:
-                context = bodies[-1][-CONTEXT_CHARS:] if bodies else ""
+                context = bodies[-1][-self.settings.context_chars:] if bodies and self.settings.context_chars else ""
                 self.last_stop = ""
                 text = clean_output(self.generate(self.prompt_ids(instruction, chunk.body, context),
                                                   self._budget(chunk.body), source=chunk.body), chunk.body)
                 self.stats.similarities.append(similarity(chunk.body, text))
-                why = drift_reason(chunk.body, text, kind, self.similarity_floor, self.max_growth,
-                                   stopped=self.last_stop)
+                why = drift_reason(chunk.body, text, kind, self.settings, stopped=self.last_stop)
                 if why:
                     self.stats.guard_last(i, why)
                     text = chunk.body
@@ -243,7 +240,7 @@ class DocumentJob:
         """Summary of each chunk, then (several chunks) a summary of those summaries. Raises
         :class:`DegenerateOutput` when a summary loops (``guard.LoopStop``)."""
         chunks = [c for c in self.chunks(document, kind) if c.body]
-        budget = self.max_new_tokens or SUMMARY_TOKENS
+        budget = self.max_new_tokens or self.settings.summary_tokens
         summaries = []
         for i, chunk in enumerate(chunks):
             text = done[i] if done is not None and i in done else self._summary(instruction, chunk.body, budget)

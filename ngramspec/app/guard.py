@@ -11,13 +11,13 @@ code, one line repeated until the token limit. Such output is cheap to draft (it
 so it looks fast exactly when it is worst. Three rules, each written once here:
 
 * **Loop stop.** Generation stops once the output ends in a periodic stretch (a span of up to
-  ``MAX_PERIOD`` tokens repeated back to back) longer than ``loop_allowance(source)``: twice the
-  longest such stretch of the source, and never under ``MIN_LOOP_TOKENS``. A table rule or a
+  ``max_period`` tokens repeated back to back) longer than ``loop_allowance(source)``: twice the
+  longest such stretch of the source, and never under ``min_loop_tokens``. A table rule or a
   run of ``=`` the source has is copied freely; a span the source never repeats cannot loop.
 * **Length bound.** A rewrite of ``n`` source tokens may take ``length_bound(n)`` new tokens.
   Reaching it means the rewrite is incomplete or runaway: the chunk is kept as it was.
 * **Drift.** A finished rewrite replaces its source only when its similarity to the source is
-  at least the floor, its length is within ``MAX_GROWTH``, and its structure survived:
+  at least the floor, its length is within ``max_growth``, and its structure survived:
   Markdown front matter, heading levels, list items and code fences; code that parsed as Python
   still parses.
 
@@ -28,6 +28,9 @@ corrections and rewrites, 5-6% of code edits that add code; the similarity floor
 corrections (humanevalfix, jfleg) but about half of simplifications and instruction edits,
 which want ``--keep-drifted 0.5``. The floor is set by what the default model does on real
 documents (``eval/results/realdocs/suite.md``): its rewrites between 0.5 and 0.8 were garbage.
+
+Every number the rules use is a field of :class:`~ngramspec.app.settings.JobSettings` (why each
+is what it is: its docstring); each function takes the settings, the defaults when left out.
 """
 
 from __future__ import annotations
@@ -41,16 +44,9 @@ import torch
 from rapidfuzz import fuzz
 from transformers import StoppingCriteria
 
-MAX_PERIOD = 32  # longest repeated span (tokens) the loop stop looks for
-MIN_LOOP_TOKENS = 64  # a periodic stretch shorter than this never stops generation
-LENGTH_SLACK = 64  # new tokens a rewrite may take beyond max_growth x its source's tokens
-MAX_GROWTH = 1.3  # longest rewrite kept, relative to its source (characters, beyond GROWTH_SLACK_CHARS)
-GROWTH_SLACK_CHARS = 40  # a short chunk may gain a few words without counting as drift
-# The CLI's --keep-drifted default. Every rewrite of the default model below it on real
-# documents was garbage (0 typos fixed, dozens of words changed; accepted at 0.72-0.79 by a
-# floor of 0.5); people's corrections (jfleg, humanevalfix) stay above it in 95-99% of pairs,
-# while simplifications and instruction edits often do not: those want --keep-drifted 0.5.
-SIMILARITY_FLOOR = 0.8
+from .settings import JobSettings
+
+DEFAULTS = JobSettings()  # what a guard function uses when it is given no settings
 
 
 def similarity(source: str, text: str) -> float:
@@ -59,13 +55,13 @@ def similarity(source: str, text: str) -> float:
     return fuzz.ratio(source, text) / 100
 
 
-def longest_periodic_stretch(tokens) -> int:
-    """Length of the longest stretch of ``tokens`` that repeats a span of at most MAX_PERIOD
+def longest_periodic_stretch(tokens, max_period: int = DEFAULTS.max_period) -> int:
+    """Length of the longest stretch of ``tokens`` that repeats a span of at most ``max_period``
     tokens at least twice back to back (0 if none). Example: ``[7, 1, 2, 1, 2, 1, 2, 9]`` has
     the stretch ``1 2 1 2 1 2`` (period 2): 6."""
     x = np.asarray(tokens, dtype=np.int64)
     best = 0
-    for period in range(1, min(MAX_PERIOD, len(x) // 2) + 1):
+    for period in range(1, min(max_period, len(x) // 2) + 1):
         same = np.concatenate(([False], x[period:] == x[:-period], [False]))  # x[i] == x[i - period]
         edges = np.flatnonzero(np.diff(same.astype(np.int8)))
         if len(edges):
@@ -75,38 +71,40 @@ def longest_periodic_stretch(tokens) -> int:
     return best
 
 
-def loop_allowance(source_tokens) -> int:
+def loop_allowance(source_tokens, settings: JobSettings = DEFAULTS) -> int:
     """Longest periodic stretch an output may have before it counts as a loop."""
-    return max(MIN_LOOP_TOKENS, 2 * longest_periodic_stretch(source_tokens))
+    return max(settings.min_loop_tokens, 2 * longest_periodic_stretch(source_tokens, settings.max_period))
 
 
-def length_bound(source_tokens: int, max_growth: float = MAX_GROWTH) -> int:
+def length_bound(source_tokens: int, settings: JobSettings = DEFAULTS) -> int:
     """Most new tokens a rewrite of ``source_tokens`` tokens may take: past it, the rewrite
-    would be too long to keep anyway."""
-    return math.ceil(max_growth * source_tokens) + LENGTH_SLACK
+    would be too long to keep anyway (``settings.growth``: max_growth, or unguarded_growth
+    with the drift guard off)."""
+    return math.ceil(settings.growth * source_tokens) + settings.length_slack
 
 
 class LoopStop(StoppingCriteria):
     """Stops a batch-of-one generation once its new tokens end in a periodic stretch longer
-    than ``loop_allowance(source_tokens)``; ``fired`` tells afterwards. Updates in O(MAX_PERIOD)
+    than ``loop_allowance(source_tokens, settings)``; ``fired`` tells afterwards. Updates in O(max_period)
     per new token (one read of the new tokens per call), so it can be asked after every
     token the speculative loop emits."""
 
-    def __init__(self, source_tokens, prompt_length: int):
-        self.allowance = loop_allowance(source_tokens)
+    def __init__(self, source_tokens, prompt_length: int, settings: JobSettings = DEFAULTS):
+        self.allowance = loop_allowance(source_tokens, settings)
+        self.max_period = settings.max_period
         self.prompt_length = prompt_length
         self.reset()
 
     def reset(self) -> None:
         self.tokens: list[int] = []  # new tokens seen so far
-        self.runs = [0] * (MAX_PERIOD + 1)  # runs[p]: trailing tokens equal to the one p before
+        self.runs = [0] * (self.max_period + 1)  # runs[p]: trailing tokens equal to the one p before
         self.fired = False
 
     def _push(self, token: int) -> bool:
         tokens, runs = self.tokens, self.runs
         tokens.append(token)
         n = len(tokens)
-        for period in range(1, min(MAX_PERIOD, n - 1) + 1):
+        for period in range(1, min(self.max_period, n - 1) + 1):
             runs[period] = runs[period] + 1 if tokens[n - 1 - period] == token else 0
             if runs[period] >= period and runs[period] + period > self.allowance:
                 return True
@@ -146,22 +144,22 @@ def parses_as_python(text: str) -> bool:
     return True
 
 
-def drift_reason(source: str, text: str, kind: str, similarity_floor: float = SIMILARITY_FLOOR,
-                 max_growth: float = MAX_GROWTH, stopped: str = "") -> str:
+def drift_reason(source: str, text: str, kind: str, settings: JobSettings = DEFAULTS, stopped: str = "") -> str:
     """Why ``text`` must not replace ``source`` (a chunk of a document of ``kind``), or "" when
     it may. ``stopped``: "loop" or "length" when generation was cut by the loop stop or the
-    length bound. ``similarity_floor`` 0 turns the whole guard off."""
-    if similarity_floor <= 0:
+    length bound. ``settings.similarity_floor`` 0 turns the whole guard off."""
+    if not settings.guarded:
         return ""
     if stopped == "loop":
         return "it repeated itself (generation stopped early)"
     if stopped == "length":
         return "it ran past the length bound (generation stopped)"
-    if len(text) > max_growth * len(source) + GROWTH_SLACK_CHARS:
+    max_growth, floor = settings.max_growth, settings.similarity_floor
+    if len(text) > max_growth * len(source) + settings.growth_slack_chars:
         return f"{len(text) / len(source):.2f}x as long as its source (over --max-growth {max_growth})"
     score = similarity(source, text)
-    if score < similarity_floor:
-        return f"similarity {score:.3f} < {similarity_floor}"
+    if score < floor:
+        return f"similarity {score:.3f} < {floor}"
     if kind == "markdown":
         before, after = markdown_outline(source), markdown_outline(text)
         for name, old, new in zip(("front matter", "headings", "list items", "code fences"), before, after):
