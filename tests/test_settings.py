@@ -14,7 +14,8 @@ from ngramspec.app.settings import JobSettings
 # The module constants of documents.py and guard.py before issue 40 moved them here.
 BEFORE = {"chunk_tokens": 768, "min_chunk_tokens": 32, "summary_tokens": 256, "context_chars": 300,
           "unguarded_growth": 2.0, "max_period": 32, "min_loop_tokens": 64, "length_slack": 64,
-          "max_growth": 1.3, "growth_slack_chars": 40, "similarity_floor": 0.8}
+          "max_growth": 1.3, "growth_slack_chars": 40, "similarity_floor": 0.8,
+          "assumed_context_tokens": 8192, "prompt_tokens": 256}  # (the last two were inline numbers)
 
 
 def test_defaults_are_the_former_constants():
@@ -143,3 +144,13 @@ def test_the_loop_stop_reads_max_period_and_min_loop_tokens():
     short = LoopStop([9, 8, 7], 0, JobSettings(min_loop_tokens=10, max_period=4))
     assert not any(short._push(t) for t in loop)  # period 5 is beyond its max_period
     assert length_bound(10, JobSettings(max_growth=2.5, length_slack=1)) == 26
+
+
+def test_chunks_are_capped_to_fit_the_context_the_settings_assume():
+    """A model that states no context length gets assumed_context_tokens; chunks then take a
+    third of what prompt_tokens leave."""
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=None))
+    tokenizer = SimpleNamespace()
+    job = DocumentJob(model, tokenizer, assumed_context_tokens=1000, prompt_tokens=100, chunk_tokens=768)
+    assert (job.context_limit, job.chunk_tokens) == (1000, 300)
+    assert DocumentJob(model, tokenizer, assumed_context_tokens=1000, prompt_tokens=400).chunk_tokens == 200

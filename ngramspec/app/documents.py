@@ -115,9 +115,12 @@ class DocumentJob:
         self.max_new_tokens, self.sample, self.temperature, self.seed = max_new_tokens, sample, temperature, seed
         self.streamer_factory = streamer_factory
         self.settings = replace(settings or JobSettings(), **changes)
-        limit = getattr(model.config, "max_position_embeddings", None) or 8192
-        # A chunk, its prompt and its output must fit the context: cap chunks accordingly.
-        self.chunk_tokens = max(self.settings.min_chunk_tokens, min(self.settings.chunk_tokens, (limit - 256) // 3))
+        limit = getattr(model.config, "max_position_embeddings", None) or self.settings.assumed_context_tokens
+        # A chunk, its prompt and its output must fit the context: cap chunks accordingly (the
+        # chunk, its copy in the prompt and its rewrite take a third each of what the prompt's
+        # own tokens leave).
+        fitting = (limit - self.settings.prompt_tokens) // 3
+        self.chunk_tokens = max(self.settings.min_chunk_tokens, min(self.settings.chunk_tokens, fitting))
         self.context_limit = limit
         self.stats = JobStats()
         install()

@@ -43,6 +43,11 @@ class JobSettings:
             2x + slack before the guard existed).
         max_period: Longest repeated span (tokens) the loop stop looks for.
         min_loop_tokens: A periodic stretch shorter than this never stops generation.
+        assumed_context_tokens: The context length assumed for a model whose config does not
+            state one (``max_position_embeddings``).
+        prompt_tokens: Context tokens kept for a chunk's prompt (instruction, the previous
+            chunk's tail) when chunks are capped to fit the context: a third of the rest each
+            for the chunk, its copy in the prompt and its rewrite.
     """
 
     chunk_tokens: int = 768
@@ -56,6 +61,8 @@ class JobSettings:
     unguarded_growth: float = 2.0
     max_period: int = 32
     min_loop_tokens: int = 64
+    assumed_context_tokens: int = 8192
+    prompt_tokens: int = 256
 
     def __post_init__(self):
         for f in fields(self):
@@ -64,11 +71,11 @@ class JobSettings:
                 raise TypeError(f"JobSettings.{f.name} must be {'an int' if whole else 'a number'}, got {value!r}")
             if not math.isfinite(value):
                 raise ValueError(f"JobSettings.{f.name} must be a finite number, got {value!r}")
-        positive = ("min_chunk_tokens", "summary_tokens", "max_period")
+        positive = ("min_chunk_tokens", "summary_tokens", "max_period", "assumed_context_tokens")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"JobSettings.{name} must be at least 1, got {getattr(self, name)!r}")
-        for name in ("context_chars", "growth_slack_chars", "length_slack", "min_loop_tokens"):
+        for name in ("context_chars", "growth_slack_chars", "length_slack", "min_loop_tokens", "prompt_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"JobSettings.{name} must be at least 0, got {getattr(self, name)!r}")
         if self.chunk_tokens < self.min_chunk_tokens:
