@@ -104,12 +104,6 @@ class SpeculationSession:
         extend_slot(self._slot, tokens, *self._table.arrays(), self._table.knob_values)
 
     @property
-    def pending_length(self) -> int:
-        """Chain tokens of the draft awaiting :meth:`extend` (0: none)."""
-        state = self._table.state[self._slot]
-        return int(state[PENDING_LEN]) if state[PENDING] else 0
-
-    @property
     def cursor(self) -> int:
         """Stream position of the token expected next while copying, or -1."""
         return int(self._table.state[self._slot, CURSOR])
