@@ -17,7 +17,6 @@ from .sessions import (
     LOST_AT,
     LOST_SOURCE,
     PENDING,
-    PENDING_LEN,
     VERIFIED,
     SessionTable,
     extend_slot,
