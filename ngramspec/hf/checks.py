@@ -3,6 +3,8 @@ error that says what to do instead."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ..draft.speculator import NgramSpeculator
@@ -41,6 +43,7 @@ def check_request(model, input_ids=None, generation_config=None, model_kwargs=No
             f"ngram_speculator needs a decoder-only causal LM; {type(model).__name__} is not one. "
             "Load the model with AutoModelForCausalLM, or generate without ngram_speculator."
         )
+    _check_cache_support(model)
     if generation_config is not None:
         gc = generation_config
         if gc.num_beams is not None and gc.num_beams > 1:
@@ -79,6 +82,26 @@ def check_request(model, input_ids=None, generation_config=None, model_kwargs=No
                 "ngram_speculator starts from an empty KV cache; do not pass a filled "
                 "past_key_values/cache (pass the whole prompt instead)."
             )
+
+
+def _check_cache_support(model) -> None:
+    """The loop verifies a draft on top of the model's cache and rolls rejected tokens back:
+    a model that keeps no cache would see only the new tokens, and one that keeps its own
+    state object (RWKV, xLSTM, Reformer, XLNet, MiniMax) cannot be rolled back by the loop."""
+    model_type = getattr(model.config, "model_type", "?")
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if supports is not None and not supports():
+        fail(
+            f"{type(model).__name__} (model type {model_type!r}) keeps its recurrent state in its own object, which "
+            "ngram_speculator cannot roll back to the accepted prefix. Generate without ngram_speculator (a model "
+            "with a transformers Cache, e.g. Mamba, Mamba2 or FalconMamba, is supported)."
+        )
+    forward = inspect.signature(model.forward).parameters
+    if "cache" not in forward and "past_key_values" not in forward:
+        fail(
+            f"{type(model).__name__} (model type {model_type!r}) keeps no KV cache, so a draft cannot be verified "
+            "on top of the context (each forward would see only the new tokens). Generate without ngram_speculator."
+        )
 
 
 def check_batch_request(logits_processor, streamer, stopping_criteria=()) -> None:

@@ -44,7 +44,7 @@ class Target(Protocol):
         Returns float logits (A, keep, V) of the last ``keep`` block rows."""
 
     def crop(self, m: int) -> None:
-        """Drop the last m cache columns of every row."""
+        """Drop the last m cache columns of every row; once after every forward, m may be 0."""
 
     def gather(self, rows, columns) -> None:
         """Keep cache rows ``rows`` (A',) and/or, per row, the columns ``columns`` (A, C')."""
@@ -186,12 +186,8 @@ def speculative_decode(prompt, prompt_mask, prompt_positions, sessions: list, ta
     for s in rows.stats:
         s.record_prefill(time.perf_counter() - wall_start)  # the choice above read the logits: done
 
-    while True:
-        still = [a for a in range(len(rows.active)) if rows.take(a, verdicts[a], options)]
-        if not still:
-            if batch == 1 and rows.cut:  # the returned cache again holds every token but the last
-                target.crop(rows.cut)
-            break
+    still = [a for a in range(len(rows.active)) if rows.take(a, verdicts[a], options)]
+    while still:
         if len(still) < len(rows.active):  # finished rows leave the batch
             cache.keep_rows(still, target)
             rows.active = [rows.active[a] for a in still]
@@ -211,11 +207,17 @@ def speculative_decode(prompt, prompt_mask, prompt_positions, sessions: list, ta
         # 3. Verify: each row keeps the draft tokens the target itself would have produced.
         verdicts = verify.verify_step(drafts, parents, logits, _scorer(rows, options), uniform, keep)
 
-        # 4. Accept: each row keeps [last, kept draft tokens] of the block; the other columns
-        # become holes (masked), and those past the longest kept run are cropped for all rows.
-        cache.accept(verdicts, ids.shape[1], tree=parents is not None, target=target, compact=batch > 1)
+        # 4. Emit: write each row's tokens, check its stops, tell its drafter.
+        still = [a for a in range(len(rows.active)) if rows.take(a, verdicts[a], options)]
 
-        # 5. Record stats (the emitted tokens are written and checked at the loop's top).
+        # 5. Accept: each row keeps [last, kept draft tokens] of the block; the other columns
+        # become holes (masked), and those past the longest kept run are cropped for all rows. A
+        # batch of one that stopped drops its tokens past the stop in the same crop (recurrent
+        # layers roll back once per forward): the returned cache holds all tokens but the last.
+        cut = rows.cut if batch == 1 and not still else 0
+        cache.accept(verdicts, ids.shape[1], tree=parents is not None, target=target, compact=batch > 1, cut=cut)
+
+        # 6. Record stats.
         for a, b in enumerate(rows.active):
             declined = not drafts[a] and rows.proposals[a].source_start >= 0
             rows.stats[b].record_step(len(drafts[a]), len(verdicts[a].path), declined=declined)
@@ -263,15 +265,14 @@ class _CacheLayout:
             mask = torch.cat([self.mask, step], 1)
         return to_device(ids, self.device), to_device(positions, self.device), mask, visible
 
-    def accept(self, verdicts: list[verify.Verdict], q: int, tree: bool, target: Target, compact: bool) -> None:
-        """Keep each row's [last, kept draft tokens] of the block (A, q) just verified."""
+    def accept(self, verdicts: list[verify.Verdict], q: int, tree: bool, target: Target, compact: bool, cut=0):
+        """Keep each row's [last, kept draft tokens] of the block (A, q) just verified, less ``cut``."""
         kept = [len(v.path) for v in verdicts]
         width = max(kept) + 1  # block columns that stay: the rest is cropped for every row
         if tree and not verdicts[0].is_prefix:  # a tree branch: select its columns (one row)
             rows = verify.block_rows(verdicts[0].path)
             target.gather(None, to_device([list(range(self.columns)) + [self.columns + r for r in rows]], self.device))
-        else:
-            target.crop(q - width)
+        target.crop(cut if tree and not verdicts[0].is_prefix else q - width + cut)
         if self.mask is None and len(set(kept)) > 1:  # the first holes
             self.mask = torch.ones((len(kept), self.columns), dtype=torch.long, device=self.device)
         if self.mask is not None:

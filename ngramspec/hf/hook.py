@@ -186,6 +186,15 @@ def _wrap_generate(original):
     return generate
 
 
+def speculative_generate(model, *args, ngram_speculator: NgramSpeculator | None = None, **kwargs):
+    """``model.generate(*args, ngram_speculator=..., **kwargs)`` without :func:`install` (the entry of
+    the repository's ``custom_generate/generate.py``); a default ``NgramSpeculator()`` when none is
+    given."""
+    original = getattr(GenerationMixin.generate, "_ngramspec_original", GenerationMixin.generate)
+    speculator = NgramSpeculator() if ngram_speculator is None else ngram_speculator
+    return _wrap_generate(original)(model, *args, ngram_speculator=speculator, **kwargs)
+
+
 def install() -> None:
     """Let ``model.generate`` accept ``ngram_speculator=``: wraps ``GenerationMixin.generate`` once
     (idempotent: later calls change nothing). Importing ngramspec does not call it;

@@ -43,11 +43,28 @@ class HFTarget:
         self.can_gather = can_gather(cache)
         self.trees_ok = self.can_gather and model.config._attn_implementation in ("eager", "sdpa")
         self._prefilled = False
+        self._recurrent: list = []  # layers with recurrent states (set after the prefill)
+        self._static = any(hasattr(layer, "max_cache_len") for layer in cache.layers)
+        self._length = 0  # columns in the cache (kept here: reading a static cache's length syncs)
+        self._records = any(hasattr(layer, "record_past") for layer in cache.layers)
+        # A cache of recurrent layers only (Mamba-style): the left padding is folded into each
+        # row's state by the prefill, and later forwards take no mask (as generate() passes them).
+        self._states_only = bool(cache.layers) and all(
+            hasattr(layer, "recurrent_states") and not hasattr(layer, "keys") for layer in cache.layers)
 
     def forward(self, ids, positions, mask, keep: int, visible=None) -> torch.Tensor:
         # ids, positions: (A, q); mask: (A, C + q) or None; visible: (q, q) -> logits (A, keep, V)
         if visible is not None:
             mask = _tree_mask(mask, self.cache.get_seq_length(), visible, self.model.dtype, ids.device)
+        if self._prefilled:
+            self._keep_states(ids.shape[1])
+            if self._states_only:
+                mask = None
+        if mask is None and self._static:
+            # A static cache's unwritten slots must be masked; with recording on (a recurrent
+            # layer) transformers stops masking them unless it is given a mask.
+            mask = torch.ones((ids.shape[0], self._length + ids.shape[1]), dtype=torch.long, device=ids.device)
+        self._length += ids.shape[1]
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
                          use_cache=True, logits_to_keep=keep)
         if not self._prefilled:
@@ -55,11 +72,23 @@ class HFTarget:
             # keeps them until the next crop, so rejected draft tokens can be rolled back.
             # (After the prefill, as generate() does: recording during it would hold it all.)
             self.cache.activate_past_recording()
+            self._recurrent = [layer for layer in self.cache.layers if hasattr(layer, "recurrent_states_history")]
+            for layer in self._recurrent:  # one list per state (transformers shares one list among them)
+                layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
             self._prefilled = True
         return out.logits[:, -keep:].float()
 
+    def _keep_states(self, q: int) -> None:
+        """Recurrent (linear-attention, SSM) layers roll back only to the states they were asked to
+        record: a forward over q tokens records the state after each of them (crop keeps >= 1)."""
+        for layer in self._recurrent:
+            layer.recurrent_states_to_keep = q
+
     def crop(self, m: int) -> None:
-        if m:
+        self._length -= m
+        # Every step, even m == 0: recording layers (sliding window, linear attention) keep all
+        # they were given until a crop trims them back to their working size.
+        if m or self._recurrent or self._records:
             self.cache.crop(-m)
 
     def gather(self, rows, columns) -> None:

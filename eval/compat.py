@@ -1,0 +1,371 @@
+"""`python -m eval compat`: every model type the installed transformers can load, one row each.
+
+For every causal-LM type transformers registers (and every image-text-to-text type with no
+causal-LM class, on a text-only prompt) a tiny random model is built from that type's own config
+(``eval/tiny_models.py``) and decoded side by side:
+
+- plain greedy ``generate()``, transformers' prompt lookup (``prompt_lookup_num_tokens=5``) and
+  ngramspec (payoff sizing off, so that every match is drafted), on a prompt that repeats a
+  stretch and then the model's own greedy continuation of it: drafts are accepted, partly
+  rejected and rolled back. A row is identical only **with drafts verified**: the table shows
+  the tokens drafted and accepted (MAT, and rollbacks: steps where part of a draft was rejected);
+- seeded sampling: what is drafted never changes a seeded sample (drafts of up to 24 tokens give
+  exactly the tokens of drafts of 1);
+- a left-padded batch of 2 rows against plain batched greedy;
+- the settings users pick, each against plain greedy with the same setting: a static, offloaded
+  or quantized cache, sliding-window-only attention, eager/sdpa/flex attention, bfloat16 weights
+  and (``--compile``) a ``torch.compile``d forward.
+
+Each cell is ``same`` (identical, drafts accepted), ``same, 0 acc`` (identical but no draft was
+accepted: it proves nothing), ``DIFF`` (a different output: the one outcome that must never
+happen), ``refused`` (ngramspec's own clear error before the first forward), ``CRASH`` (any
+other exception), or ``n/a`` (plain decoding itself cannot run that setting). The table goes to
+``--out`` (compat.md, compat.jsonl: one JSON line per type, so an interrupted run resumes).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from .tiny_models import model_types, tiny_model
+
+NEW_TOKENS = 24
+SETTINGS = ("static", "offloaded", "quantized", "sliding", "eager", "sdpa", "flex", "bfloat16")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--types", default="", help="comma-separated model types (default: every registered type)")
+    parser.add_argument("--out", default="eval/results/compat", help="folder for compat.md and compat.jsonl")
+    parser.add_argument("--settings", default=",".join(SETTINGS),
+                        help=f"setting columns to run (default: all of {', '.join(SETTINGS)}; '' for none)")
+    parser.add_argument("--compile", action="store_true", help="add the torch.compile column (slow on CPU)")
+    parser.add_argument("--timeout", type=int, default=180, help="seconds per type before its row is cut short")
+    parser.add_argument("--restart", action="store_true", help="ignore rows saved by an earlier run in --out")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+
+
+def main(args) -> int:
+    from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
+
+    import ngramspec
+    from ngramspec.hf.checks import UnsupportedGenerationError  # noqa: F401  (import check)
+
+    ngramspec.install()
+    hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    causal, image_text = model_types()
+    todo = [(t, False) for t in causal] + [(t, True) for t in image_text]
+    if args.types:
+        wanted = set(args.types.split(","))
+        todo = [(t, it) for t, it in todo if t in wanted]
+    settings = [s for s in args.settings.split(",") if s] + (["compile"] if args.compile else [])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "compat.jsonl"
+    rows = {} if args.restart or not log.exists() else {r["type"]: r for r in map(json.loads, log.open())}
+    for model_type, is_image_text in tqdm(todo, desc="compat", unit="type", file=sys.stderr):
+        if model_type in rows:
+            continue
+        rows[model_type] = check_type(model_type, is_image_text, settings, args.timeout)
+        with log.open("a") as f:
+            f.write(json.dumps(rows[model_type]) + "\n")
+    ordered = [rows[t] for t, _ in todo if t in rows]
+    import transformers
+
+    (out / "compat.md").write_text(render(ordered, settings, transformers.__version__, args.command_line))
+    print(summary(ordered))
+    return 0
+
+
+# ---- one type -------------------------------------------------------------------------------
+
+class _Timeout(Exception):
+    pass
+
+
+def check_type(model_type: str, image_text: bool, settings, timeout: int) -> dict:
+    """One row of the table (see the module docstring for what each cell means)."""
+    row = {"type": model_type, "kind": "image-text" if image_text else "causal"}
+
+    def alarm(*_):
+        raise _Timeout(f"over {timeout} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(timeout)
+    start = time.perf_counter()
+    try:
+        _check(row, model_type, image_text, settings)
+    except _Timeout as err:
+        row["cut_short"] = str(err)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    row["seconds"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def _check(row: dict, model_type: str, image_text: bool, settings) -> None:
+    try:
+        model = tiny_model(model_type, image_text=image_text)
+    except Exception as err:  # noqa: BLE001 - a type that cannot be built is a row, not a stop
+        row["build"] = _error(err)
+        return
+    row["build"] = "ok"
+    row["model"] = type(model).__name__
+    ids, batch = prompts(model)
+    plain = _run(model, ids)
+    row["greedy"] = "ok" if torch.is_tensor(plain) else plain
+    if not torch.is_tensor(plain):
+        return
+    row["cache"] = cache_kind(model, ids)
+    row["hf_pld"] = _compare(plain, _run(model, ids, prompt_lookup_num_tokens=5))
+    row["ngramspec"], row["stats"] = _speculate(model, ids, plain)
+    row["sampling"] = _sampling(model, ids)
+    mask = batch[1]
+    plain_batch = _run(model, batch[0], attention_mask=mask)
+    if torch.is_tensor(plain_batch):
+        row["batch2"] = _speculate(model, batch[0], plain_batch, attention_mask=mask)[0]
+    else:
+        row["batch2"] = "n/a"
+    for setting in settings:
+        row[setting] = _setting(model, model_type, image_text, setting, ids)
+
+
+def prompts(model) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """A single-row prompt (1, P) in which drafts are likely: a random stretch, repeated, then
+    the model's own greedy continuation of it and the stretch again (so the model's next tokens
+    were seen before, but not all of them: some drafts are cut short). And a left-padded batch
+    of 2 rows, (ids, mask) of shape (2, P)."""
+    vocab = model.get_input_embeddings().num_embeddings
+    special = _special_ids(model.config)
+    allowed = torch.tensor([t for t in range(3, min(vocab, 99)) if t not in special])
+    generator = torch.Generator().manual_seed(0)
+    stretch = allowed[torch.randint(len(allowed), (10,), generator=generator)]
+    head = torch.cat([stretch, stretch, stretch[:5]])[None]
+    own = _run(model, head, max_new_tokens=16)
+    own = own[:, head.shape[1]:] if torch.is_tensor(own) else stretch[None]
+    ids = torch.cat([head, own, stretch[None], own[:, :3]], 1)
+    pad = _pad_id(model)
+    short = ids[:, 4:]
+    batch_ids = torch.cat([ids, torch.cat([torch.full((1, 4), pad), short], 1)])
+    mask = torch.ones_like(batch_ids)
+    mask[1, :4] = 0
+    return ids, (batch_ids, mask)
+
+
+def _special_ids(config) -> set[int]:
+    found = set()
+    for source in [config] + [getattr(config, n) for n in getattr(config, "sub_configs", {}) if hasattr(config, n)]:
+        for name, value in vars(source).items() if source is not None else ():
+            if isinstance(value, int) and (name.endswith("token_id") or name.endswith("token_index")):
+                found.add(value)
+    return found
+
+
+def _pad_id(model) -> int:
+    pad = model.generation_config.pad_token_id
+    return int(pad if pad is not None else 0)
+
+
+def _run(model, ids, max_new_tokens: int = NEW_TOKENS, **kwargs):
+    """generate() greedy, no EOS (a full-length output); a tensor, or the error as text."""
+    kwargs.setdefault("do_sample", False)
+    try:
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                  pad_token_id=_pad_id(model), eos_token_id=None, **kwargs)
+    except _Timeout:
+        raise
+    except Exception as err:  # noqa: BLE001
+        return _error(err)
+
+
+def _error(err: Exception) -> str:
+    from ngramspec.hf.checks import UnsupportedGenerationError
+
+    kind = "refused" if isinstance(err, UnsupportedGenerationError) else "CRASH"
+    message = " ".join(str(err).split())[:160]
+    return f"{kind}: {type(err).__name__}: {message}"
+
+
+def _compare(reference, output) -> str:
+    if not torch.is_tensor(output):
+        return output
+    return "same" if torch.equal(reference, output) else "DIFF"
+
+
+def _speculate(model, ids, reference, **kwargs) -> tuple[str, dict]:
+    from ngramspec import NgramSpeculator
+
+    spec = NgramSpeculator(payoff_sizing=False)
+    output = _run(model, ids, ngram_speculator=spec, **kwargs)
+    verdict = _compare(reference, output)
+    stats = {}
+    if torch.is_tensor(output):
+        s = spec.last_stats
+        rollbacks = sum(a < d for a, d in zip(s.accepted_per_step, s.verified_per_step))
+        stats = {"drafted": s.drafted_tokens, "accepted": s.accepted_tokens, "mat": round(s.mat, 2),
+                 "rollbacks": rollbacks}
+        if verdict == "same" and s.accepted_tokens == 0:
+            verdict = "same, 0 acc"
+    return verdict, stats
+
+
+def _sampling(model, ids) -> str:
+    """Seeded ngramspec sampling with long drafts gives the tokens of drafts of one token."""
+    from ngramspec import NgramSpeculator
+
+    outputs, accepted = [], []
+    for setting in (dict(), dict(max_draft_tokens=1)):
+        spec = NgramSpeculator(payoff_sizing=False, **setting)
+        torch.manual_seed(7)
+        out = _run(model, ids, do_sample=True, temperature=1.5, top_k=0, ngram_speculator=spec)
+        if not torch.is_tensor(out):
+            return out
+        outputs.append(out)
+        accepted.append(spec.last_stats.accepted_tokens)
+    if not torch.equal(*outputs):
+        return "DIFF"
+    return "same" if min(accepted) > 0 else "same, 0 acc"
+
+
+def _setting(model, model_type: str, image_text: bool, setting: str, ids) -> str:
+    """One settings column: plain greedy and ngramspec under the same setting."""
+    kwargs = {}
+    variant = model
+    try:
+        if setting in ("static", "offloaded"):
+            kwargs = dict(cache_implementation=setting)
+        elif setting == "quantized":
+            kwargs = dict(cache_implementation="quantized", cache_config={"backend": "quanto", "nbits": 4})
+        elif setting in ("eager", "sdpa", "flex"):
+            variant = tiny_model(model_type, image_text=image_text,
+                                 attn_implementation="flex_attention" if setting == "flex" else setting)
+        elif setting == "bfloat16":
+            variant = tiny_model(model_type, image_text=image_text, dtype=torch.bfloat16)
+        elif setting == "sliding":
+            overrides = _sliding_only(model.config)
+            if overrides is None:
+                return "n/a"
+            variant = tiny_model(model_type, image_text=image_text, **overrides)
+        elif setting == "compile":
+            variant = model
+            variant.forward = torch.compile(model.forward, dynamic=True)
+    except _Timeout:
+        raise
+    except Exception as err:  # noqa: BLE001
+        return "n/a: " + _error(err)
+    try:
+        plain = _run(variant, ids, **kwargs)
+        if not torch.is_tensor(plain):
+            return "n/a: " + plain
+        return _speculate(variant, ids, plain, **kwargs)[0]
+    finally:
+        if setting == "compile":
+            del model.forward  # back to the class's forward
+
+
+def _sliding_only(config) -> dict | None:
+    """Config overrides that make every attention layer a sliding window of 8 tokens (shorter
+    than the prompt), or None where the type has no sliding window."""
+    if not hasattr(config, "sliding_window"):
+        return None
+    overrides = {"sliding_window": 8}
+    if hasattr(config, "use_sliding_window"):
+        overrides["use_sliding_window"] = True
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        overrides["layer_types"] = ["sliding_attention" if t == "full_attention" else t for t in types]
+    return overrides
+
+
+def cache_kind(model, ids) -> str:
+    """The cache generate() gives this model: its layer classes, in short."""
+    try:
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=1, do_sample=False, return_dict_in_generate=True,
+                                 pad_token_id=_pad_id(model))
+    except Exception:  # noqa: BLE001
+        return "?"
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if cache is None:
+        return "none"
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return type(cache).__name__
+    names = sorted({type(layer).__name__.replace("Layer", "") for layer in layers})
+    return "+".join(names)
+
+
+# ---- the table -------------------------------------------------------------------------------
+
+COLUMNS = ("build", "greedy", "hf_pld", "ngramspec", "sampling", "batch2")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    text = str(value)
+    head = text.split(":")[0]
+    return head if head in ("refused", "CRASH", "n/a") else text
+
+
+def render(rows: list[dict], settings, version: str, command: str) -> str:
+    lines = [
+        "# Compatibility: every model type transformers can load",
+        "",
+        f"transformers {version}, torch {torch.__version__}, CPU, float32 unless a column says otherwise.",
+        f"Command: `{command}`",
+        "",
+        summary(rows),
+        "",
+        "Cells: `same` = identical to plain greedy with drafts accepted; `same, 0 acc` = identical but no draft "
+        "was accepted; `DIFF` = a different output; `refused` = ngramspec's own error before the first forward; "
+        "`CRASH` = any other exception; `n/a` = plain decoding itself cannot run it. ngramspec's MAT, drafted/"
+        "accepted tokens and rollbacks (steps where drafted tokens were rejected and rolled back) are for the "
+        "single row.",
+        "",
+        "| type | cache | " + " | ".join(COLUMNS) + " | MAT | drafted/acc | rollbacks | " + " | ".join(settings) + " |",
+        "|" + "---|" * (len(COLUMNS) + 5 + len(settings)),
+    ]
+    for row in rows:
+        stats = row.get("stats") or {}
+        cells = [row["type"], row.get("cache", "")] + [_cell(row.get(c)) for c in COLUMNS]
+        cells += [str(stats.get("mat", "")), f"{stats['drafted']}/{stats['accepted']}" if stats else "",
+                  str(stats.get("rollbacks", ""))]
+        cells += [_cell(row.get(s)) for s in settings]
+        if row.get("cut_short"):
+            cells[-1] += f" (cut short: {row['cut_short']})"
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [r for r in rows if any(str(r.get(c, "")).startswith(("refused", "CRASH")) for c in COLUMNS[1:])]
+    if notes:
+        lines += ["", "## Refusals and errors", ""]
+        for row in notes:
+            for column in COLUMNS[1:]:
+                value = str(row.get(column, ""))
+                if value.startswith(("refused", "CRASH")):
+                    lines.append(f"- {row['type']} ({column}): {value}")
+    return "\n".join(lines) + "\n"
+
+
+def summary(rows: list[dict]) -> str:
+    built = [r for r in rows if r.get("build") == "ok" and r.get("greedy") == "ok"]
+    pld_same = [r for r in built if r.get("hf_pld") == "same"]
+    ours = [r for r in built if str(r.get("ngramspec")).startswith("same")]
+    verified = [r for r in built if r.get("ngramspec") == "same"]
+    diff = [r["type"] for r in rows if any(v == "DIFF" for k, v in r.items() if k != "type")]
+    crash = [r["type"] for r in built if any(str(r.get(c, "")).startswith("CRASH") for c in COLUMNS[3:])]
+    return (f"{len(rows)} types: {len(built)} build and run plain greedy; transformers' prompt lookup is identical "
+            f"on {len(pld_same)}; ngramspec is identical on {len(ours)} ({len(verified)} with drafts accepted, "
+            f"{sum(r.get('ngramspec') == 'same' for r in pld_same)} of the {len(pld_same)}). "
+            f"Different output anywhere: {', '.join(diff) or 'none'}. "
+            f"ngramspec crashes: {', '.join(crash) or 'none'}.")

@@ -1,0 +1,211 @@
+"""Tiny random models of every causal-LM type the installed transformers registers, for the
+compatibility suite (``python -m eval compat``) and the tests' per-cache-kind representatives.
+
+A type's tiny config is its own config class built with small sizes, the way transformers' model
+testers build theirs (``CausalLMModelTester``: 2 layers, 32 wide, vocabulary 99): each size is
+passed only where the config's constructor names it, so a type nobody listed gets the same
+treatment. Per-layer patterns (``layer_types``, ``hybrid_override_pattern``, ...) are cut to the
+new depth keeping one layer of every kind, and composite configs (a text and a vision part) get
+their parts shrunk the same way. ``OVERRIDES`` holds what the generic rule cannot know for a
+type (values read from that type's tester); it is a fallback table, not a list of what runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import torch
+
+# CausalLMModelTester's sizes, and the same sizes under the older names some configs use.
+SIZES = {
+    "vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 512,
+    "type_vocab_size": 16, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    "moe_intermediate_size": 16, "shared_expert_intermediate_size": 32, "num_experts_per_tok": 2,
+    "num_experts": 8, "n_routed_experts": 8, "num_local_experts": 8, "mamba_n_groups": 1, "mamba_n_heads": 16,
+    "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 16,
+    "head_dim": 16, "rotary_dim": 8, "vocab_size_per_layer_input": 99, "hidden_size_per_layer_input": 16, "n_group": 1, "topk_group": 1,  # noqa: E501
+    # multi-head latent attention (DeepSeek-V2/V3 family) and its sparse-attention indexer
+    "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "index_head_dim": 16, "index_n_heads": 2, "index_num_heads": 1,
+    # sizes of the sliding-window layers where they differ from the global ones, and an LM head
+    # narrower than the embedding's padded vocabulary
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_head_dim": 16,  # linear-attention layers
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_num_heads": 4,
+    "swa_num_attention_heads": 2, "swa_num_key_value_heads": 2, "swa_head_dim": 16, "unpadded_vocab_size": 99,
+    # GPT-2 / OPT / T5-style names
+    "n_embd": 32, "emb_dim": 32, "n_layer": 2, "n_head": 2, "n_positions": 512, "n_ctx": 512, "n_inner": 64,
+    "d_model": 32, "num_layers": 2, "num_heads": 2, "d_ff": 64, "ffn_dim": 64, "d_kv": 16,
+    "decoder_layers": 2, "decoder_attention_heads": 2, "decoder_ffn_dim": 64,
+    "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64,
+    "word_embed_proj_dim": 32, "embed_dim": 32, "adapter_in_dim": 32, "adapter_out_dim": 32, "adapter_input_size": 32,
+    # a vision part's output feeds the 32-wide text part "hidden_dim": 64, "ffn_hidden_size": 64,
+    "out_hidden_size": 32, "text_hidden_size": 32,
+    "kv_channels": 16, "state_size": 16, "ssm_state_size": 16,
+    "dim_ff": 64, "dff": 64, "dim_head": 16, "expand": 2, "conv_kernel": 4, "time_step_rank": 8,
+    "num_experts_per_token": 2, "num_shared_experts": 1, "n_shared_experts": 1,
+}
+
+# Names the generic rule must not touch for a type, or values it must use: read from that type's
+# tester in transformers' tests/models/<type>/test_modeling_<type>.py.
+OVERRIDES: dict[str, dict] = {
+    # Hybrids whose default config has one layer kind only, or sets its pattern by period.
+    "bamba": {"attn_layer_indices": [1]},  # default: all Mamba layers
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},  # default: all Mamba
+    "lfm2": {"layer_types": ["conv", "full_attention"]},  # default: attention only
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},  # no default pattern
+    # Per-layer RoPE keyed by layer kind, empty by default.
+    "cohere_compass_text": {"layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8}},  # read by the attention, no defaults
+    "musicgen": {"decoder": {"num_codebooks": 1, "decoder_start_token_id": 1}},  # (batch, length) prompt
+    "musicgen_melody": {"decoder": {"num_codebooks": 1, "decoder_start_token_id": 1}},
+    # The last layers reuse the KV of earlier ones: two of each kind, the last two sharing.
+    "gemma3n_text": {"num_hidden_layers": 4, "num_kv_shared_layers": 2,
+                     "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},  # its pattern in its own run-length form
+    # Drafter heads: no per-layer inputs, no MoE (validated).
+    "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
+                                         "enable_moe_block": False, "use_double_wide_mlp": False}},
+    # The sliding layers' MLA sizes come as popped "swa_" keywords (64 heads, rank 1024 by default).
+    "dots3_note_text": {"swa_num_attention_heads": 2, "swa_num_key_value_heads": 2, "swa_q_lora_rank": 32,
+                        "swa_kv_lora_rank": 16, "swa_head_dim": 32, "swa_qk_nope_head_dim": 16, "swa_v_head_dim": 16},
+    "mimo_v2_flash": {"num_attention_heads": 4, "num_key_value_heads": 1},  # sliding layers double KV heads
+    # Its query-sparse attention indexer has no defaults; hyper-connections default to rank 320.
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 16,
+                       "indexer_compress_ratio": 4, "hc_lowrank": 16},
+    # Layers named by kind; axial position embeddings: dims sum to the width, shape multiplies to positions.
+    "reformer": {"attn_layers": ["local", "lsh"], "axial_pos_shape": [16, 32], "axial_pos_embds_dim": [16, 16],
+                 "attention_head_size": 16, "feed_forward_size": 64},
+    "zaya": {"num_experts_per_tok": 1},  # top-1 routing only (validated)
+    "xmod": {"default_language": "en_XX"},  # its per-language adapters need a language
+    # Byte-level: hash embedding tables of 500002 rows, local parts projecting to a 2048-wide global part.
+    "blt": {"encoder_hash_byte_group_vocab": 1000, "encoder_config": {"hidden_size_global": 32},
+            "decoder_config": {"hidden_size_global": 32}},
+    "nemotron_h": {"mamba_num_heads": 8, "mamba_head_dim": 8, "n_groups": 1, "chunk_size": 16},  # 8 x 8 = 2 x 32
+    # Glyph-shape and pronunciation embeddings beside the token one.
+    "roc_bert": {"shape_vocab_size": 99, "shape_embed_dim": 32, "pronunciation_vocab_size": 99,
+                 "pronunciation_embed_dim": 32},
+    # Tied shared transformer needs two hybrid layers to tie.
+    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+    "mamba2": {"num_heads": 4, "n_groups": 1, "chunk_size": 16},  # heads * head_dim = expand * hidden
+    # The cache rounds q/k and v widths up to 64: make them exactly 64.
+    "xlstm": {"hidden_size": 64, "embedding_dim": 64, "qk_dim_factor": 1.0, "chunk_size": 16},
+}
+
+_PATTERN_NAMES = ("layer_types", "layers_block_type", "hybrid_override_pattern", "block_types", "attn_layer_indices",
+                  "mlp_only_layers", "layers_type", "mlp_layer_types")
+_WIDE = re.compile(r"(intermediate|ffn).*(size|dim)$")
+
+
+def tiny_config(model_type: str, overrides: dict | None = None):
+    """The config of a tiny random ``model_type`` model (2 layers of each kind, 32 wide)."""
+    from transformers import CONFIG_MAPPING
+
+    config_class = CONFIG_MAPPING[model_type]
+    extra = {**OVERRIDES.get(model_type, {}), **(overrides or {})}
+    return _shrink(config_class, extra)
+
+
+def _shrink(config_class, extra: dict):
+    names = set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+    kwargs = {k: v for k, v in SIZES.items() if k in names}
+    try:
+        default = config_class()
+    except Exception:  # the type rejects its own defaults: its overrides make them valid
+        default = config_class(**extra)
+    for name, _sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
+        sub_default = getattr(default, name, None)
+        if sub_default is None or not isinstance(extra.get(name, {}), dict):
+            continue
+        # a part gets its own type's overrides (a composite's text part is often a type of its own)
+        sub_extra = {**OVERRIDES.get(getattr(sub_default, "model_type", None), {}), **extra.get(name, {})}
+        kwargs[name] = _shrink(type(sub_default), sub_extra).to_dict()
+    for name in names - kwargs.keys():
+        value = getattr(default, name, None)
+        if type(value) is int and value > 64 and _WIDE.search(name):  # other MLP widths (shared, dense, ...)
+            kwargs[name] = 64
+        if name.endswith("_layer_period") and name[:-6] + "offset" in names:  # "attention every 8th layer"
+            kwargs[name], kwargs[name[:-6] + "offset"] = 2, 1
+    rope = getattr(default, "rope_parameters", None)
+    mrope = "mrope_section" in getattr(config_class, "ignore_keys_at_rope_validation", ())
+    if isinstance(rope, dict) and (mrope or rope.get("mrope_section")) and "rope_parameters" not in extra:
+        # multimodal RoPE: its (time, height, width) sections of the rotary half, rescaled (the modeling
+        # code may hold the full-size default)
+        size = {k: kwargs.get(k, getattr(default, k, None)) for k in SIZES}
+        head = size["head_dim"] or size["hidden_size"] // size["num_attention_heads"]
+        rotary = size.get("qk_rope_head_dim") or int(head * rope.get("partial_rotary_factor", 1.0))
+        sections = _rescale(rope.get("mrope_section") or [16, 24, 24], rotary // 2)
+        kwargs["rope_parameters"] = {**rope, "mrope_section": sections}
+    depth = kwargs.get("num_hidden_layers", kwargs.get("n_layer", kwargs.get("num_layers")))
+    old_depth = getattr(default, "num_hidden_layers", None)
+    for name in _PATTERN_NAMES:
+        pattern = getattr(default, name, None)
+        if name in names and pattern is not None and depth is not None and name not in extra:
+            kwargs[name], depth = _cut_pattern(pattern, depth, old_depth)
+    if depth is not None:
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            if key in kwargs:
+                kwargs[key] = depth
+    kwargs.update({k: v for k, v in extra.items() if not isinstance(v, dict) or k not in kwargs})
+    return config_class(**kwargs)
+
+
+def _rescale(sections, total: int) -> list[int]:
+    """``sections`` scaled to sum to ``total`` (the last one takes the rounding)."""
+    scaled = [max(1, s * total // sum(sections)) for s in sections[:-1]]
+    return scaled + [total - sum(scaled)]
+
+
+def _cut_pattern(pattern, depth: int, old_depth):
+    """A per-layer pattern (list or string) cut to ``depth`` layers keeping the first layer of
+    every kind, in order; the depth grows when there are more kinds than layers."""
+    if isinstance(pattern, (list, tuple)) and pattern and all(isinstance(p, int) for p in pattern) \
+            and old_depth and len(pattern) != old_depth:
+        return [p for p in pattern if p < depth][:depth] or [0], depth  # layer indices, not a pattern
+    kinds, keep = set(), []
+    for i, kind in enumerate(pattern):
+        if kind not in kinds:
+            kinds.add(kind)
+            keep.append(i)
+    depth = max(depth, len(keep))
+    for i in range(len(pattern)):
+        if len(keep) >= depth:
+            break
+        if i not in keep:
+            keep.append(i)
+    keep.sort()
+    cut = [pattern[i] for i in keep]
+    return ("".join(cut) if isinstance(pattern, str) else type(pattern)(cut)), depth
+
+
+def tiny_model(model_type: str, dtype=torch.float32, seed: int = 0, image_text: bool = False, **config_overrides):
+    """A tiny random ``model_type`` model in eval mode (AutoModelForCausalLM, or the
+    image-text-to-text class for a type that has no causal-LM class)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = tiny_config(model_type, config_overrides)
+    auto = AutoModelForImageTextToText if image_text else AutoModelForCausalLM
+    model_class = auto._model_mapping[type(config)]
+    if not isinstance(config, model_class.config_class):  # the class takes a part (MusicGen's decoder)
+        parts = (getattr(config, name, None) for name in getattr(config, "sub_configs", None) or {})
+        config = next((part for part in parts if isinstance(part, model_class.config_class)), config)
+    config.is_decoder = True  # encoder families (BERT, RoBERTa, ...) are causal only as decoders
+    torch.manual_seed(seed)
+    model = model_class._from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def model_types() -> tuple[list[str], list[str]]:
+    """(causal-LM types, image-text-to-text types with no causal-LM class) of the installed
+    transformers, sorted."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    causal = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    image_text = sorted(set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES) - set(causal))
+    return causal, image_text

@@ -1,0 +1,152 @@
+"""One representative per cache kind, built from its own transformers config (eval/tiny_models.py):
+greedy output identical to plain greedy, for one row and a left-padded batch of 2, with drafts
+accepted and partly rejected (an identical output with no accepted draft proves nothing). The
+full sweep over every registered type is `python -m eval compat` (eval/results/compat).
+"""
+
+import pytest
+import torch
+
+from eval.compat import prompts
+from eval.tiny_models import tiny_model
+from ngramspec import NgramSpeculator, UnsupportedGenerationError
+
+from conftest import plain_generate
+
+NEW = 24
+
+# model type -> config overrides; each a cache kind generate() builds differently.
+KINDS = {
+    "llama": {},  # full attention, DynamicLayer
+    "mistral": {"sliding_window": 8},  # sliding window only, shorter than the prompt
+    "gemma3_text": {"sliding_window": 8},  # sliding and full layers
+    "qwen3_next": {},  # hybrid: linear attention (conv + recurrent states) and full attention
+    "qwen2_moe": {},  # mixture of experts
+    "deepseek_v3": {},  # multi-head latent attention
+    "mamba": {},  # a state-space model: recurrent states only
+}
+
+
+# Kernels with no float64 path (grouped expert matmuls, gated delta rule): float32, where the
+# sharpened weights keep logit gaps far above the ~1e-5 a multi-token forward moves them.
+FLOAT32 = {"qwen3_next", "qwen2_moe"}
+
+
+def _model(model_type: str, **overrides):
+    dtype = torch.float32 if model_type in FLOAT32 else torch.float64
+    model = tiny_model(model_type, dtype=dtype, seed=3, **overrides)
+    with torch.no_grad():  # sharper random weights: varied output, few near-ties
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    return model
+
+
+def _greedy(model, ids, **kwargs):
+    return dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                pad_token_id=0, **kwargs)
+
+
+@pytest.mark.parametrize("model_type", list(KINDS))
+def test_one_row_is_identical_with_drafts_accepted_and_rolled_back(model_type):
+    model = _model(model_type, **KINDS[model_type])
+    ids, _ = prompts(model)
+    spec = NgramSpeculator(payoff_sizing=False)
+    expected = plain_generate(model, ids, **_greedy(model, ids))
+    got = model.generate(ids, ngram_speculator=spec, **_greedy(model, ids))
+    assert got.tolist() == expected.tolist()
+    stats = spec.last_stats
+    rollbacks = sum(a < d for a, d in zip(stats.accepted_per_step, stats.verified_per_step))
+    assert stats.accepted_tokens > 0 and rollbacks > 0, stats
+
+
+@pytest.mark.parametrize("model_type", list(KINDS))
+def test_a_left_padded_batch_is_identical(model_type):
+    model = _model(model_type, **KINDS[model_type])
+    _, (ids, mask) = prompts(model)
+    spec = NgramSpeculator(payoff_sizing=False)
+    expected = plain_generate(model, ids, attention_mask=mask, **_greedy(model, ids))
+    got = model.generate(ids, attention_mask=mask, ngram_speculator=spec, **_greedy(model, ids))
+    assert got.tolist() == expected.tolist()
+    assert sum(s.accepted_tokens for s in spec.last_row_stats) > 0
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "mamba"])
+def test_static_cache(model_type):
+    model = _model(model_type)
+    ids, _ = prompts(model)
+    spec = NgramSpeculator(payoff_sizing=False)
+    kwargs = _greedy(model, ids, cache_implementation="static")
+    expected = plain_generate(model, ids, **kwargs)
+    assert model.generate(ids, ngram_speculator=spec, **kwargs).tolist() == expected.tolist()
+    assert spec.last_stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba", "gemma3_text"])
+def test_a_cache_returned_after_a_stop_inside_a_draft_is_plain_decodings(model_type):
+    """max_new_tokens ends the output inside an accepted draft (every such point of one decode
+    is tried): the tokens past the stop are rolled back in the same crop as the rejected ones,
+    so the returned cache's states are exactly those plain decoding returns (a recurrent or
+    sliding-window layer rolls back once per forward)."""
+    model = _model(model_type, **KINDS[model_type])
+    ids, _ = prompts(model)
+    spec = NgramSpeculator(payoff_sizing=False)
+    model.generate(ids, ngram_speculator=spec, **_greedy(model, ids))
+    inside, emitted = [], 1  # new-token counts that end inside an accepted draft
+    for accepted in spec.last_stats.accepted_per_step:
+        inside += [emitted + j for j in range(1, accepted + 1)]
+        emitted += accepted + 1
+    assert inside, spec.last_stats
+    for new in inside[:6]:
+        kwargs = dict(_greedy(model, ids), max_new_tokens=new, min_new_tokens=new, return_dict_in_generate=True)
+        expected = plain_generate(model, ids, **kwargs)
+        got = model.generate(ids, ngram_speculator=spec, **kwargs)
+        assert got.sequences.tolist() == expected.sequences.tolist()
+        assert got.cache.get_seq_length() == expected.cache.get_seq_length()
+        for ours, theirs in zip(got.cache.layers, expected.cache.layers):
+            for name, k in (("conv_states", -1), ("recurrent_states", None)):
+                for i, plain in (getattr(theirs, name, None) or {}).items():
+                    mine = getattr(ours, name)[i]
+                    mine = mine[..., -plain.shape[-1]:] if k and plain is not None else mine  # conv: the live window
+                    torch.testing.assert_close(mine, plain, rtol=1e-6, atol=1e-6)
+            if getattr(theirs, "keys", None) is not None:
+                live = theirs.keys.shape[-2]
+                torch.testing.assert_close(ours.keys[..., -live:, :], theirs.keys, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type, says", [
+    ("openai-gpt", "keeps no KV cache"),
+    ("rwkv", "keeps its recurrent state in its own object"),
+])
+def test_models_the_loop_cannot_roll_back_are_refused_before_any_forward(model_type, says):
+    model = tiny_model(model_type)
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7]])
+    with pytest.raises(UnsupportedGenerationError, match=says) as err:
+        model.generate(ids, max_new_tokens=4, ngram_speculator=NgramSpeculator())
+    assert model_type in str(err.value) and calls == []
+
+
+def test_the_custom_generate_folder_runs_without_install(tmp_path):
+    """The repository root holds custom_generate/generate.py, as a Hub repository would:
+    transformers loads it with trust_remote_code=True and no ngramspec.install()."""
+    from pathlib import Path
+
+    from transformers import GenerationMixin
+
+    root = Path(__file__).resolve().parent.parent
+    model = _model("llama")
+    ids, _ = prompts(model)
+    expected = plain_generate(model, ids, **_greedy(model, ids))
+    installed = GenerationMixin.generate
+    GenerationMixin.generate = installed._ngramspec_original  # as in a process that never installed
+    try:
+        spec = NgramSpeculator(payoff_sizing=False)
+        got = model.generate(ids, custom_generate=str(root), trust_remote_code=True, ngram_speculator=spec,
+                             **_greedy(model, ids))
+        default = model.generate(ids, custom_generate=str(root), trust_remote_code=True, **_greedy(model, ids))
+    finally:
+        GenerationMixin.generate = installed
+    assert got.tolist() == expected.tolist() == default.tolist()
+    assert spec.last_stats.accepted_tokens > 0
