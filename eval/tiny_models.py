@@ -17,34 +17,38 @@ import re
 
 import torch
 
-# CausalLMModelTester's sizes, and the same sizes under the older names some configs use.
+# CausalLMModelTester's sizes, and the same sizes under the other names configs use. MLP widths are
+# multiples of 16 (MoE grouped matmuls need 16-byte strides).
 SIZES = {
     "vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
     "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 512,
-    "type_vocab_size": 16, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    "type_vocab_size": 16, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "head_dim": 16, "rotary_dim": 8,
+    # mixture of experts
     "moe_intermediate_size": 16, "shared_expert_intermediate_size": 32, "num_experts_per_tok": 2,
-    "num_experts": 8, "n_routed_experts": 8, "num_local_experts": 8, "mamba_n_groups": 1, "mamba_n_heads": 16,
-    "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 16,
-    "head_dim": 16, "rotary_dim": 8, "vocab_size_per_layer_input": 99, "hidden_size_per_layer_input": 16, "n_group": 1, "topk_group": 1,  # noqa: E501
+    "num_experts_per_token": 2, "top_k_experts": 2, "num_experts": 8, "n_routed_experts": 8, "num_local_experts": 8,
+    "num_shared_experts": 1, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+    # Mamba / SSM mixers
+    "mamba_n_groups": 1, "mamba_n_heads": 16, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+    "mamba_chunk_size": 16, "state_size": 16, "ssm_state_size": 16, "expand": 2, "conv_kernel": 4, "time_step_rank": 8,
+    # linear-attention layers
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_head_dim": 16,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_num_heads": 4,
     # multi-head latent attention (DeepSeek-V2/V3 family) and its sparse-attention indexer
     "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
     "index_head_dim": 16, "index_n_heads": 2, "index_num_heads": 1,
-    # sizes of the sliding-window layers where they differ from the global ones, and an LM head
-    # narrower than the embedding's padded vocabulary
-    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_head_dim": 16,  # linear-attention layers
-    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_num_heads": 4,
-    "swa_num_attention_heads": 2, "swa_num_key_value_heads": 2, "swa_head_dim": 16, "unpadded_vocab_size": 99,
-    # GPT-2 / OPT / T5-style names
+    # sliding-window layers sized apart, per-layer embeddings (Gemma 3n/4), an LM head narrower than
+    # the padded embedding
+    "swa_num_attention_heads": 2, "swa_num_key_value_heads": 2, "swa_head_dim": 16,
+    "vocab_size_per_layer_input": 99, "hidden_size_per_layer_input": 16, "unpadded_vocab_size": 99,
+    # GPT-2 / OPT / T5 / CTRL / XLM-style names
     "n_embd": 32, "emb_dim": 32, "n_layer": 2, "n_head": 2, "n_positions": 512, "n_ctx": 512, "n_inner": 64,
-    "d_model": 32, "num_layers": 2, "num_heads": 2, "d_ff": 64, "ffn_dim": 64, "d_kv": 16,
-    "decoder_layers": 2, "decoder_attention_heads": 2, "decoder_ffn_dim": 64,
-    "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64,
-    "word_embed_proj_dim": 32, "embed_dim": 32, "adapter_in_dim": 32, "adapter_out_dim": 32, "adapter_input_size": 32,
-    # a vision part's output feeds the 32-wide text part "hidden_dim": 64, "ffn_hidden_size": 64,
-    "out_hidden_size": 32, "text_hidden_size": 32,
-    "kv_channels": 16, "state_size": 16, "ssm_state_size": 16,
-    "dim_ff": 64, "dff": 64, "dim_head": 16, "expand": 2, "conv_kernel": 4, "time_step_rank": 8,
-    "num_experts_per_token": 2, "num_shared_experts": 1, "n_shared_experts": 1,
+    "d_model": 32, "num_layers": 2, "num_heads": 2, "d_ff": 64, "ffn_dim": 64, "d_kv": 16, "dim_ff": 64, "dff": 64,
+    "dim_head": 16, "decoder_layers": 2, "decoder_attention_heads": 2, "decoder_ffn_dim": 64,
+    "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "kv_channels": 16,
+    "word_embed_proj_dim": 32, "embed_dim": 32, "hidden_dim": 64, "ffn_hidden_size": 64,
+    # a vision or audio part's output feeds the 32-wide text part
+    "adapter_in_dim": 32, "adapter_out_dim": 32, "adapter_input_size": 32, "out_hidden_size": 32,
+    "text_hidden_size": 32,
 }
 
 # Names the generic rule must not touch for a type, or values it must use: read from that type's
@@ -88,6 +92,12 @@ OVERRIDES: dict[str, dict] = {
     # Glyph-shape and pronunciation embeddings beside the token one.
     "roc_bert": {"shape_vocab_size": 99, "shape_embed_dim": 32, "pronunciation_vocab_size": 99,
                  "pronunciation_embed_dim": 32},
+    # Multimodal RoPE whose sections only the modeling code knows (the generic rule reads the config's).
+    "paddleocr_vl": {"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
+                                                         "mrope_section": [2, 3, 3]}}},
+    # Composite parts whose defaults disagree with the shrunk neighbours they are validated against.
+    "molmo2": {"adapter_config": {"vision_feature_layer": [-1]}},  # default: layers 24 and 18
+    "nemotron_h_omni": {"vision_config": {"video_temporal_patch_size": 2}},
     # Tied shared transformer needs two hybrid layers to tie.
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
     "mamba2": {"num_heads": 4, "n_groups": 1, "chunk_size": 16},  # heads * head_dim = expand * hidden
@@ -111,11 +121,12 @@ def tiny_config(model_type: str, overrides: dict | None = None):
 
 def _shrink(config_class, extra: dict):
     names = set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
-    kwargs = {k: v for k, v in SIZES.items() if k in names}
     try:
         default = config_class()
     except Exception:  # the type rejects its own defaults: its overrides make them valid
         default = config_class(**extra)
+    kwargs = {k: _like(config_class, k, v, _get(default, k)) for k, v in SIZES.items()
+              if k in names and _get(default, k) != 0}  # a size of 0 turns a part off: kept
     for name, _sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
         sub_default = getattr(default, name, None)
         if sub_default is None or not isinstance(extra.get(name, {}), dict):
@@ -124,7 +135,7 @@ def _shrink(config_class, extra: dict):
         sub_extra = {**OVERRIDES.get(getattr(sub_default, "model_type", None), {}), **extra.get(name, {})}
         kwargs[name] = _shrink(type(sub_default), sub_extra).to_dict()
     for name in names - kwargs.keys():
-        value = getattr(default, name, None)
+        value = _get(default, name)
         if type(value) is int and value > 64 and _WIDE.search(name):  # other MLP widths (shared, dense, ...)
             kwargs[name] = 64
         if name.endswith("_layer_period") and name[:-6] + "offset" in names:  # "attention every 8th layer"
@@ -132,12 +143,12 @@ def _shrink(config_class, extra: dict):
     rope = getattr(default, "rope_parameters", None)
     mrope = "mrope_section" in getattr(config_class, "ignore_keys_at_rope_validation", ())
     if isinstance(rope, dict) and (mrope or rope.get("mrope_section")) and "rope_parameters" not in extra:
-        # multimodal RoPE: its (time, height, width) sections of the rotary half, rescaled (the modeling
-        # code may hold the full-size default)
-        size = {k: kwargs.get(k, getattr(default, k, None)) for k in SIZES}
+        # multimodal RoPE: its (time, height, width) sections of the rotary half, rescaled; where only
+        # the modeling code holds them, an even split (some types need height = width)
+        size = {k: kwargs.get(k, _get(default, k)) for k in SIZES}
         head = size["head_dim"] or size["hidden_size"] // size["num_attention_heads"]
         rotary = size.get("qk_rope_head_dim") or int(head * rope.get("partial_rotary_factor", 1.0))
-        sections = _rescale(rope.get("mrope_section") or [16, 24, 24], rotary // 2)
+        sections = _rescale(rope.get("mrope_section") or [1, 1, 1], rotary // 2)
         kwargs["rope_parameters"] = {**rope, "mrope_section": sections}
     depth = kwargs.get("num_hidden_layers", kwargs.get("n_layer", kwargs.get("num_layers")))
     old_depth = getattr(default, "num_hidden_layers", None)
@@ -151,6 +162,23 @@ def _shrink(config_class, extra: dict):
                 kwargs[key] = depth
     kwargs.update({k: v for k, v in extra.items() if not isinstance(v, dict) or k not in kwargs})
     return config_class(**kwargs)
+
+
+def _get(config, name: str):
+    """``config.name``, or None (also where a per-layer config refuses a global read)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:
+        return None
+
+
+def _like(config_class, name: str, value, default):
+    """``value`` as a per-stage list where the field takes only lists (a vision tower's widths)."""
+    fields = getattr(config_class, "__dataclass_fields__", {})
+    annotation = str(fields[name].type) if name in fields else ""
+    if isinstance(default, (list, tuple)) and "int" not in re.sub(r"(list|tuple)\[int(, \.\.\.)?\]", "", annotation):
+        return [value] * len(default)
+    return value
 
 
 def _rescale(sections, total: int) -> list[int]:
