@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+from transformers import GenerationMixin
 
 from ..draft.speculator import NgramSpeculator
 
@@ -70,13 +71,16 @@ def check_request(model, input_ids=None, generation_config=None, model_kwargs=No
                 f"length of {limit}; shorten the prompt (or split the document into chunks)."
             )
     if model_kwargs is not None:
-        extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _KNOWN_MODEL_KWARGS)
+        # (generate() prepares an empty mm_encoder_outputs {} for a text-only prompt)
+        extra = sorted(k for k, v in model_kwargs.items()
+                       if v is not None and not (isinstance(v, dict) and not v) and k not in _KNOWN_MODEL_KWARGS)
         if extra:
             fail(
                 f"ngram_speculator handles text-only input_ids; unsupported generate() inputs: {extra}. "
                 "Generate without ngram_speculator for these."
             )
         cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        check_cache(model, cache)
         if cache is not None and cache.get_seq_length() > 0:
             fail(
                 "ngram_speculator starts from an empty KV cache; do not pass a filled "
@@ -101,6 +105,41 @@ def _check_cache_support(model) -> None:
         fail(
             f"{type(model).__name__} (model type {model_type!r}) keeps no KV cache, so a draft cannot be verified "
             "on top of the context (each forward would see only the new tokens). Generate without ngram_speculator."
+        )
+    _check_feeds_new_tokens(model, model_type)
+
+
+def _check_feeds_new_tokens(model, model_type: str) -> None:
+    """The loop feeds a forward only the tokens the cache lacks. A model whose generate() feeds
+    it the whole sequence every step (it slices off the cached part itself: CPM-Ant) says so in
+    its ``prepare_inputs_for_generation``; asked for one new token it returns them all."""
+    if type(model).prepare_inputs_for_generation is GenerationMixin.prepare_inputs_for_generation:
+        return
+    ids = torch.zeros((1, 2), dtype=torch.long, device=model.device)
+    try:
+        prepared = model.prepare_inputs_for_generation(ids, next_sequence_length=1, is_first_iteration=False)
+    except Exception:  # noqa: BLE001 - an override that needs a real cache: it feeds new tokens only
+        return
+    fed = prepared.get("input_ids") if isinstance(prepared, dict) else None
+    if torch.is_tensor(fed) and fed.shape[-1] > 1:
+        fail(
+            f"{type(model).__name__} (model type {model_type!r}) is fed the whole sequence at every step (its "
+            "forward slices the cached part off itself), so a draft cannot be verified on top of the cache. "
+            "Generate without ngram_speculator."
+        )
+
+
+def check_cache(model, cache) -> None:
+    """A cache whose rejected draft tokens cannot be rolled back (transformers says so with
+    ``is_croppable``: quantized layers, a static sliding window longer than its window, some
+    models' own caches) would keep them: refused."""
+    if cache is not None and not getattr(cache, "is_croppable", True):
+        layers = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ()) if not layer.is_croppable})
+        fail(
+            f"{type(model).__name__} (model type {getattr(model.config, 'model_type', '?')!r}) decodes here with a "
+            f"{type(cache).__name__} whose layers {layers or ''} cannot be rolled back to the accepted prefix, which "
+            "speculative decoding needs. Use the default dynamic cache (no cache_implementation, or "
+            "cache_implementation='dynamic'), or generate without ngram_speculator."
         )
 
 

@@ -63,7 +63,9 @@ def ngram_generate(
     if cache is None:
         cache = model_kwargs.get("past_key_values")
     if cache is None:
-        fail("generate() prepared no KV cache; ngram_speculator needs use_cache=True.")
+        fail(f"generate() prepared no KV cache for {type(model).__name__} (model type "
+             f"{getattr(model.config, 'model_type', '?')!r}); ngram_speculator needs one: pass use_cache=True, "
+             "or generate without ngram_speculator.")
     batch = input_ids.shape[0]
     if batch > 1:
         check_batch_request(logits_processor, ngram_streamer, stopping_criteria)

@@ -12,12 +12,14 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import (
+    EncoderNoRepeatNGramLogitsProcessor,
     LogitsProcessorList,
     PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
+from .checks import check_cache
 from .decode import StopRule
 from .transfer import to_device
 
@@ -71,6 +73,7 @@ class HFTarget:
             # Sliding-window and linear-attention layers drop old states on update; recording
             # keeps them until the next crop, so rejected draft tokens can be rolled back.
             # (After the prefill, as generate() does: recording during it would hold it all.)
+            check_cache(self.model, self.cache)  # some layers know only once filled
             self.cache.activate_past_recording()
             self._recurrent = [layer for layer in self.cache.layers if hasattr(layer, "recurrent_states_history")]
             for layer in self._recurrent:  # one list per state (transformers shares one list among them)
@@ -151,6 +154,9 @@ def processors_for_row(logits_processor, row: int):
             # generate() passes each row's left-padding length (B,)
             processor = copy.copy(processor)
             processor.prompt_ignore_length = int(processor.prompt_ignore_length[row])
+        elif isinstance(processor, EncoderNoRepeatNGramLogitsProcessor) and processor.batch_size > 1:
+            processor = copy.copy(processor)  # the row's own prompt n-grams, as a batch of one
+            processor.generated_ngrams, processor.batch_size = [processor.generated_ngrams[row]], 1
         elif isinstance(processor, PrefixConstrainedLogitsProcessor):
             allowed = processor._prefix_allowed_tokens_fn
             processor = PrefixConstrainedLogitsProcessor(functools.partial(_fixed_row, allowed, row), num_beams=1)
