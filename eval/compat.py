@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from .compat_report import render, summary, update_readme
 from .tiny_models import model_types, tiny_model
 
 NEW_TOKENS = 24
@@ -48,6 +49,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--compile", action="store_true", help="add the torch.compile column (slow on CPU)")
     parser.add_argument("--timeout", type=int, default=180, help="seconds per type before its row is cut short")
     parser.add_argument("--restart", action="store_true", help="ignore rows saved by an earlier run in --out")
+    parser.add_argument("--readme", action="store_true", help="rewrite README.md's Supported models section from "
+                        "the table (the full sweep's rows)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
 
 
@@ -71,18 +74,23 @@ def main(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "compat.jsonl"
-    rows = {} if args.restart or not log.exists() else {r["type"]: r for r in map(json.loads, log.open())}
+    if args.restart and log.exists():
+        log.unlink()
+    rows = {r["type"]: r for r in map(json.loads, log.open())} if log.exists() else {}
     for model_type, is_image_text in tqdm(todo, desc="compat", unit="type", file=sys.stderr):
         if model_type in rows:
             continue
         rows[model_type] = check_type(model_type, is_image_text, settings, args.timeout)
         with log.open("a") as f:
-            f.write(json.dumps(rows[model_type]) + "\n")
+            f.write(json.dumps(rows[model_type], default=str) + "\n")
     ordered = [rows[t] for t, _ in todo if t in rows]
     import transformers
 
     (out / "compat.md").write_text(render(ordered, settings, transformers.__version__, args.command_line))
     print(summary(ordered))
+    if args.readme:
+        update_readme(ordered)
+        print("README.md: Supported models section rewritten")
     return 0
 
 
@@ -235,6 +243,8 @@ def _speculate(model, ids, reference, **kwargs) -> tuple[str, dict]:
     spec = NgramSpeculator(payoff_sizing=False)
     output = _run(model, ids, ngram_speculator=spec, **kwargs)
     verdict = _compare(reference, output)
+    if verdict == "DIFF" and reference.shape[0] == 1:
+        verdict += _first_difference(model, ids.shape[1], reference, output)
     stats = {}
     if torch.is_tensor(output):
         s = spec.last_stats
@@ -246,15 +256,29 @@ def _speculate(model, ids, reference, **kwargs) -> tuple[str, dict]:
     return verdict, stats
 
 
+def _first_difference(model, prompt_len: int, reference, output) -> str:
+    """Where the outputs part, and how close plain decoding's choice was there: the gap between
+    the logits of its token and of ours, relative to its token's (a near-tie when it is within
+    the dtype's rounding, which a forward over several tokens can flip)."""
+    new_ref, new_out = reference[0, prompt_len:].tolist(), output[0, prompt_len:].tolist()
+    i = next(j for j, (a, b) in enumerate(zip(new_ref, new_out)) if a != b)
+    with torch.no_grad():
+        logits = model(input_ids=reference[:, : prompt_len + i]).logits[0, -1].float()
+    gap = (logits[new_ref[i]] - logits[new_out[i]]).item() / max(logits[new_ref[i]].abs().item(), 1e-6)
+    return f" at new token {i}, relative logit gap {gap:.1g}"
+
+
 def _sampling(model, ids) -> str:
-    """Seeded ngramspec sampling with long drafts gives the tokens of drafts of one token."""
+    """Seeded ngramspec sampling with long drafts gives the tokens of drafts of one token. (A tiny
+    random model's logits are nearly flat: a low temperature among the top 3 keeps its samples
+    varied yet close enough to its greedy text for drafts to be accepted.)"""
     from ngramspec import NgramSpeculator
 
     outputs, accepted = [], []
     for setting in (dict(), dict(max_draft_tokens=1)):
         spec = NgramSpeculator(payoff_sizing=False, **setting)
         torch.manual_seed(7)
-        out = _run(model, ids, do_sample=True, temperature=0.5, top_k=0, ngram_speculator=spec)
+        out = _run(model, ids, do_sample=True, temperature=0.02, top_k=3, ngram_speculator=spec)
         if not torch.is_tensor(out):
             return out
         outputs.append(out)
@@ -294,7 +318,10 @@ def _setting(model, model_type: str, image_text: bool, setting: str, ids) -> str
         plain = _run(variant, ids, **kwargs)
         if not torch.is_tensor(plain):
             return "n/a: " + plain
-        return _speculate(variant, ids, plain, **kwargs)[0]
+        verdict = _speculate(variant, ids, plain, **kwargs)[0]
+        if verdict.startswith("DIFF"):  # does transformers' own prompt lookup part there too?
+            verdict += "; prompt lookup: " + _compare(plain, _run(variant, ids, prompt_lookup_num_tokens=5, **kwargs))
+        return verdict
     finally:
         if setting == "compile":
             del model.forward  # back to the class's forward
@@ -330,68 +357,3 @@ def cache_kind(model, ids) -> str:
         return type(cache).__name__
     names = sorted({type(layer).__name__.replace("Layer", "") for layer in layers})
     return "+".join(names)
-
-
-# ---- the table -------------------------------------------------------------------------------
-
-COLUMNS = ("build", "greedy", "hf_pld", "ngramspec", "sampling", "batch2")
-
-
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    text = str(value)
-    head = text.split(":")[0]
-    return head if head in ("refused", "CRASH", "n/a") else text
-
-
-def render(rows: list[dict], settings, version: str, command: str) -> str:
-    lines = [
-        "# Compatibility: every model type transformers can load",
-        "",
-        f"transformers {version}, torch {torch.__version__}, CPU, float32 unless a column says otherwise.",
-        f"Command: `{command}`",
-        "",
-        summary(rows),
-        "",
-        "Cells: `same` = identical to plain greedy with drafts accepted; `same, 0 acc` = identical but no draft "
-        "was accepted; `DIFF` = a different output; `refused` = ngramspec's own error before the first forward; "
-        "`CRASH` = any other exception; `n/a` = plain decoding itself cannot run it. ngramspec's MAT, drafted/"
-        "accepted tokens and rollbacks (steps where drafted tokens were rejected and rolled back) are for the "
-        "single row.",
-        "",
-        "| type | cache | " + " | ".join(COLUMNS) + " | MAT | drafted/acc | rollbacks | " + " | ".join(settings) + " |",
-        "|" + "---|" * (len(COLUMNS) + 5 + len(settings)),
-    ]
-    for row in rows:
-        stats = row.get("stats") or {}
-        cells = [row["type"], row.get("cache", "")] + [_cell(row.get(c)) for c in COLUMNS]
-        cells += [str(stats.get("mat", "")), f"{stats['drafted']}/{stats['accepted']}" if stats else "",
-                  str(stats.get("rollbacks", ""))]
-        cells += [_cell(row.get(s)) for s in settings]
-        if row.get("cut_short"):
-            cells[-1] += f" (cut short: {row['cut_short']})"
-        lines.append("| " + " | ".join(cells) + " |")
-    notes = [r for r in rows if any(str(r.get(c, "")).startswith(("refused", "CRASH")) for c in COLUMNS[1:])]
-    if notes:
-        lines += ["", "## Refusals and errors", ""]
-        for row in notes:
-            for column in COLUMNS[1:]:
-                value = str(row.get(column, ""))
-                if value.startswith(("refused", "CRASH")):
-                    lines.append(f"- {row['type']} ({column}): {value}")
-    return "\n".join(lines) + "\n"
-
-
-def summary(rows: list[dict]) -> str:
-    built = [r for r in rows if r.get("build") == "ok" and r.get("greedy") == "ok"]
-    pld_same = [r for r in built if r.get("hf_pld") == "same"]
-    ours = [r for r in built if str(r.get("ngramspec")).startswith("same")]
-    verified = [r for r in built if r.get("ngramspec") == "same"]
-    diff = [r["type"] for r in rows if any(v == "DIFF" for k, v in r.items() if k != "type")]
-    crash = [r["type"] for r in built if any(str(r.get(c, "")).startswith("CRASH") for c in COLUMNS[3:])]
-    return (f"{len(rows)} types: {len(built)} build and run plain greedy; transformers' prompt lookup is identical "
-            f"on {len(pld_same)}; ngramspec is identical on {len(ours)} ({len(verified)} with drafts accepted, "
-            f"{sum(r.get('ngramspec') == 'same' for r in pld_same)} of the {len(pld_same)}). "
-            f"Different output anywhere: {', '.join(diff) or 'none'}. "
-            f"ngramspec crashes: {', '.join(crash) or 'none'}.")

@@ -150,3 +150,42 @@ def test_the_custom_generate_folder_runs_without_install(tmp_path):
         GenerationMixin.generate = installed
     assert got.tolist() == expected.tolist() == default.tolist()
     assert spec.last_stats.accepted_tokens > 0
+
+
+def _forgetful_update(self, keys, values, *args, **kwargs):
+    """A cache layer that stores but never serves the past (each forward sees its own tokens)."""
+    from transformers.cache_utils import DynamicLayer
+
+    DynamicLayer._original_update(self, keys, values, *args, **kwargs)
+    return keys, values
+
+
+@pytest.mark.parametrize("broken, says", [
+    ("crop", "did not roll back all its layers"),  # rejected draft tokens would stay
+    ("update", "does not decode speculatively as the loop needs"),  # the cache is not attended over
+])
+def test_the_probe_refuses_a_cache_that_breaks_the_loops_steps(monkeypatch, broken, says):
+    """A model whose cache ignores crop, or is not read by its forward, is refused by the
+    once-per-model probe, before any forward of the request: never a different output."""
+    from transformers.cache_utils import DynamicLayer
+
+    model = _model("llama")
+    ids, _ = prompts(model)
+    if broken == "crop":
+        monkeypatch.setattr(DynamicLayer, "crop", lambda self, n: None)
+    else:
+        monkeypatch.setattr(DynamicLayer, "_original_update", DynamicLayer.update, raising=False)
+        monkeypatch.setattr(DynamicLayer, "update", _forgetful_update)
+    calls = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs.get("input_ids")),
+                                    with_kwargs=True)
+    with pytest.raises(UnsupportedGenerationError, match=says):
+        model.generate(ids, ngram_speculator=NgramSpeculator(), **_greedy(model, ids))
+    assert all(c is None or c.shape[1] <= 6 for c in calls)  # only the probe's six tokens ran
+
+
+def test_a_padded_batch_of_a_model_without_position_ids_is_refused():
+    model = tiny_model("whisper")
+    _, (ids, mask) = prompts(model)
+    with pytest.raises(UnsupportedGenerationError, match="takes no position_ids"):
+        model.generate(ids, attention_mask=mask, ngram_speculator=NgramSpeculator(), **_greedy(model, ids))

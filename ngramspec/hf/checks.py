@@ -133,6 +133,13 @@ def check_cache(model, cache) -> None:
     """A cache whose rejected draft tokens cannot be rolled back (transformers says so with
     ``is_croppable``: quantized layers, a static sliding window longer than its window, some
     models' own caches) would keep them: refused."""
+    readers = [layer for layer in getattr(cache, "layers", ()) if _reads_other_layers(layer)]
+    if readers:
+        fail(
+            f"{type(model).__name__} (model type {getattr(model.config, 'model_type', '?')!r}) shares key/value "
+            f"states across layers ({type(readers[0]).__name__} reads another layer's), which speculative "
+            "verification cannot roll back layer by layer. Generate without ngram_speculator."
+        )
     if cache is not None and not getattr(cache, "is_croppable", True):
         layers = sorted({type(layer).__name__ for layer in getattr(cache, "layers", ()) if not layer.is_croppable})
         fail(
@@ -140,6 +147,27 @@ def check_cache(model, cache) -> None:
             f"{type(cache).__name__} whose layers {layers or ''} cannot be rolled back to the accepted prefix, which "
             "speculative decoding needs. Use the default dynamic cache (no cache_implementation, or "
             "cache_implementation='dynamic'), or generate without ngram_speculator."
+        )
+
+
+def _reads_other_layers(layer) -> bool:
+    """A cache-less placeholder layer that overrides update(): it serves another layer's states."""
+    from transformers import cache_utils
+
+    dummy = getattr(cache_utils, "DummyLayer", None)
+    return dummy is not None and isinstance(layer, dummy) and type(layer).update is not dummy.update
+
+
+def check_padded_batch(model, attention_mask, cache) -> None:
+    """Left padding needs explicit positions: an attention model whose forward takes no
+    position_ids counts the pad tokens (Whisper's decoder), which the loop's rows, decoded
+    apart, would not reproduce. (A state-space model has no positions.)"""
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    attends = any(hasattr(layer, "keys") for layer in getattr(cache, "layers", ()))
+    if padded and attends and "position_ids" not in inspect.signature(model.forward).parameters:
+        fail(
+            f"{type(model).__name__} (model type {getattr(model.config, 'model_type', '?')!r}) takes no position_ids, "
+            "so a left-padded batch cannot be decoded exactly with ngram_speculator; generate one prompt at a time."
         )
 
 

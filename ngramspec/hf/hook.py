@@ -30,8 +30,9 @@ from ..cost.timer import ForwardTimer
 from ..draft.metrics import DecodeStats
 from ..draft.speculator import NgramSpeculator
 from . import target as hf
-from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail
+from .checks import ASSISTED_CONFLICT, check_batch_request, check_padded_batch, check_request, fail
 from .decode import DecodeResult, Options, speculative_decode, stack_per_index
+from .probe import check_model_steps
 
 
 def ngram_generate(
@@ -69,12 +70,12 @@ def ngram_generate(
     batch = input_ids.shape[0]
     if batch > 1:
         check_batch_request(logits_processor, ngram_streamer, stopping_criteria)
+        check_padded_batch(model, model_kwargs.get("attention_mask"), cache)
+    check_model_steps(model, hf.real_tokens(input_ids, model_kwargs.get("attention_mask"), 0)[None])
 
     gc = generation_config
     attention_mask = model_kwargs.get("attention_mask")  # None: no padding (generate drops all-ones)
-    positions = model_kwargs.get("position_ids")
-    if positions is None:
-        positions = hf.positions_from_mask(input_ids, attention_mask)
+    positions = hf.text_positions(input_ids, attention_mask, model_kwargs.get("position_ids"))
     config, cost_model = ngram_speculator.config, ngram_speculator.cost_model
     forward_cost = cost_model if config.payoff_sizing else None  # None: a batch drafts all it proposes
     pad = gc._pad_token_tensor
@@ -105,7 +106,7 @@ def ngram_generate(
 
     optimize = getattr(model, "_optimize_model_for_decode", None)
     with optimize() if optimize is not None else contextlib.nullcontext():
-        if batch == 1 or hf.can_gather(cache):
+        if batch == 1 or hf.HFTarget(model, cache).can_gather:
             result = decode(range(batch), cache)
         else:
             # Sliding-window or static caches cannot hold per-row holes: decode row by row,

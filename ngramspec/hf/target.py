@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 
 import torch
 from transformers import DynamicCache
@@ -19,7 +20,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
-from .checks import check_cache
+from .checks import check_cache, fail
 from .decode import StopRule
 from .transfer import to_device
 
@@ -42,11 +43,13 @@ class HFTarget:
     def __init__(self, model, cache):
         self.model = model
         self.cache = cache
-        self.can_gather = can_gather(cache)
+        # Rows with holes need explicit positions: a forward without position_ids counts them.
+        self.can_gather = can_gather(cache) and "position_ids" in inspect.signature(model.forward).parameters
         self.trees_ok = self.can_gather and model.config._attn_implementation in ("eager", "sdpa")
         self._prefilled = False
         self._recurrent: list = []  # layers with recurrent states (set after the prefill)
         self._static = any(hasattr(layer, "max_cache_len") for layer in cache.layers)
+        self._crop_checked = False
         self._length = 0  # columns in the cache (kept here: reading a static cache's length syncs)
         self._records = any(hasattr(layer, "record_past") for layer in cache.layers)
         # A cache of recurrent layers only (Mamba-style): the left padding is folded into each
@@ -58,6 +61,7 @@ class HFTarget:
         # ids, positions: (A, q); mask: (A, C + q) or None; visible: (q, q) -> logits (A, keep, V)
         if visible is not None:
             mask = _tree_mask(mask, self.cache.get_seq_length(), visible, self.model.dtype, ids.device)
+        self._last_q = ids.shape[1]
         if self._prefilled:
             self._keep_states(ids.shape[1])
             if self._states_only:
@@ -81,6 +85,15 @@ class HFTarget:
             self._prefilled = True
         return out.logits[:, -keep:].float()
 
+    def _check_recorded(self) -> None:
+        """A recurrent layer rolls back only to a state it recorded: one per token of the forward."""
+        for layer in self._recurrent:
+            for i, history in layer.recurrent_states_history.items():
+                if layer.is_recurrent_states_initialized[i] and len(history) < self._last_q:
+                    fail(f"{type(self.model).__name__} (model type {getattr(self.model.config, 'model_type', '?')!r})"
+                         " does not record its recurrent state after each token of a forward, so rejected draft "
+                         "tokens cannot be rolled back. Generate without ngram_speculator.")
+
     def _keep_states(self, q: int) -> None:
         """Recurrent (linear-attention, SSM) layers roll back only to the states they were asked to
         record: a forward over q tokens records the state after each of them (crop keeps >= 1)."""
@@ -89,10 +102,20 @@ class HFTarget:
 
     def crop(self, m: int) -> None:
         self._length -= m
+        if m:
+            self._check_recorded()
         # Every step, even m == 0: recording layers (sliding window, linear attention) keep all
         # they were given until a crop trims them back to their working size.
         if m or self._recurrent or self._records:
             self.cache.crop(-m)
+        if m and not self._crop_checked:  # the first real rollback: did every layer follow it?
+            self._crop_checked = True
+            lengths = {int(layer.get_seq_length()) for layer in self.cache.layers if hasattr(layer, "get_seq_length")}
+            if lengths - {0, self._length}:
+                fail(f"{type(self.cache).__name__} of {type(self.model).__name__} (model type "
+                     f"{getattr(self.model.config, 'model_type', '?')!r}) did not roll back all its layers "
+                     f"({sorted({type(layer).__name__ for layer in self.cache.layers})}), so rejected draft tokens "
+                     "would stay in it. Use the default dynamic cache, or generate without ngram_speculator.")
 
     def gather(self, rows, columns) -> None:
         # rows: (A',) cache rows to keep; columns: (A, C') per-row columns to keep, in order
@@ -102,6 +125,7 @@ class HFTarget:
             if rows is not None:
                 layer.keys, layer.values = layer.keys[rows], layer.values[rows]
             if columns is not None:
+                self._length = columns.shape[1]
                 index = columns.to(layer.keys.device)[:, None, :, None]
                 index = index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
                 layer.keys = layer.keys.gather(2, index)
@@ -174,6 +198,19 @@ def positions_from_mask(input_ids, attention_mask) -> torch.Tensor:
         return torch.arange(input_ids.shape[1], device=input_ids.device).expand(input_ids.shape[0], -1)
     positions = attention_mask.long().cumsum(-1) - 1
     return positions.masked_fill(attention_mask == 0, 0)
+
+
+def text_positions(input_ids, attention_mask, prepared) -> torch.Tensor:
+    """(B, P) position ids: generate()'s own when it prepared 2-D ones, else counted from the
+    mask. Multimodal-rope models get (sections, B, P) ids, all equal to the text positions for
+    a text-only prompt (the model expands 2-D ones itself); any other layout is refused."""
+    positions = positions_from_mask(input_ids, attention_mask)
+    if prepared is None or prepared.dim() == 2:
+        return positions if prepared is None else prepared
+    if prepared.dim() == 3 and all(torch.equal(p, positions) for p in prepared.reshape(-1, *positions.shape)):
+        return positions
+    fail("ngram_speculator handles text positions only; generate() prepared position ids of shape "
+         f"{tuple(prepared.shape)} that are not the text's (a multimodal input?). Generate without ngram_speculator.")
 
 
 def real_tokens(input_ids, attention_mask, row: int) -> torch.Tensor:
