@@ -6,6 +6,7 @@ full sweep over every registered type is `python -m eval compat` (eval/results/c
 
 import pytest
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from eval.compat import prompts
 from eval.tiny_models import tiny_model
@@ -82,12 +83,23 @@ def test_static_cache(model_type):
     assert spec.last_stats.accepted_tokens > 0
 
 
+class StopAtLength(StoppingCriteria):
+    """A user's stopping criterion: every row stops once the sequence has ``length`` tokens."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_next", "mamba", "gemma3_text"])
 def test_a_cache_returned_after_a_stop_inside_a_draft_is_plain_decodings(model_type):
-    """max_new_tokens ends the output inside an accepted draft (every such point of one decode
-    is tried): the tokens past the stop are rolled back in the same crop as the rejected ones,
-    so the returned cache's states are exactly those plain decoding returns (a recurrent or
-    sliding-window layer rolls back once per forward)."""
+    """A stopping criterion that fires inside an accepted draft ends the output there (every
+    such point of one decode is tried): the tokens past it are rolled back in the same crop as
+    the rejected ones, so the returned cache's states are exactly those plain decoding returns
+    (a recurrent or sliding-window layer rolls back once per forward). (max_new_tokens never
+    ends inside a draft: drafts are cut to the room left.)"""
     model = _model(model_type, **KINDS[model_type])
     ids, _ = prompts(model)
     spec = NgramSpeculator(payoff_sizing=False)
@@ -97,11 +109,13 @@ def test_a_cache_returned_after_a_stop_inside_a_draft_is_plain_decodings(model_t
         inside += [emitted + j for j in range(1, accepted + 1)]
         emitted += accepted + 1
     assert inside, spec.last_stats
-    for new in inside[:6]:
-        kwargs = dict(_greedy(model, ids), max_new_tokens=new, min_new_tokens=new, return_dict_in_generate=True)
+    for n in inside[:4]:
+        stop = StoppingCriteriaList([StopAtLength(ids.shape[1] + n)])
+        kwargs = dict(_greedy(model, ids), stopping_criteria=stop, return_dict_in_generate=True)
         expected = plain_generate(model, ids, **kwargs)
         got = model.generate(ids, ngram_speculator=spec, **kwargs)
-        assert got.sequences.tolist() == expected.sequences.tolist()
+        assert got.sequences.tolist() == expected.sequences.tolist() and got.sequences.shape[1] == ids.shape[1] + n
+        assert spec.last_stats.stop_reason == "criteria"
         assert got.cache.get_seq_length() == expected.cache.get_seq_length()
         for ours, theirs in zip(got.cache.layers, expected.cache.layers):
             for name, k in (("conv_states", -1), ("recurrent_states", None)):
