@@ -158,19 +158,6 @@ def _reads_other_layers(layer) -> bool:
     return dummy is not None and isinstance(layer, dummy) and type(layer).update is not dummy.update
 
 
-def check_padded_batch(model, attention_mask, cache) -> None:
-    """Left padding needs explicit positions: an attention model whose forward takes no
-    position_ids counts the pad tokens (Whisper's decoder), which the loop's rows, decoded
-    apart, would not reproduce. (A state-space model has no positions.)"""
-    padded = attention_mask is not None and not bool(attention_mask.all())
-    attends = any(hasattr(layer, "keys") for layer in getattr(cache, "layers", ()))
-    if padded and attends and "position_ids" not in inspect.signature(model.forward).parameters:
-        fail(
-            f"{type(model).__name__} (model type {getattr(model.config, 'model_type', '?')!r}) takes no position_ids, "
-            "so a left-padded batch cannot be decoded exactly with ngram_speculator; generate one prompt at a time."
-        )
-
-
 def check_batch_request(logits_processor, streamer, stopping_criteria=()) -> None:
     """A batch: no streamer, no processor that keeps state across the whole batch, and no stop
     rule that plain decoding would apply without padding the rows it ends."""

@@ -30,7 +30,7 @@ from ..cost.timer import ForwardTimer
 from ..draft.metrics import DecodeStats
 from ..draft.speculator import NgramSpeculator
 from . import target as hf
-from .checks import ASSISTED_CONFLICT, check_batch_request, check_padded_batch, check_request, fail
+from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail
 from .decode import DecodeResult, Options, speculative_decode, stack_per_index
 from .probe import check_model_steps
 
@@ -70,8 +70,8 @@ def ngram_generate(
     batch = input_ids.shape[0]
     if batch > 1:
         check_batch_request(logits_processor, ngram_streamer, stopping_criteria)
-        check_padded_batch(model, model_kwargs.get("attention_mask"), cache)
-    check_model_steps(model, hf.real_tokens(input_ids, model_kwargs.get("attention_mask"), 0)[None])
+    first_row = hf.real_tokens(input_ids, model_kwargs.get("attention_mask"), 0)[None]
+    explicit_positions = check_model_steps(model, first_row, cache)  # may refuse the model
 
     gc = generation_config
     attention_mask = model_kwargs.get("attention_mask")  # None: no padding (generate drops all-ones)
@@ -94,7 +94,7 @@ def ngram_generate(
     def decode(rows: range, cache) -> DecodeResult:
         ids = input_ids[rows.start : rows.stop]
         mask = attention_mask[rows.start : rows.stop] if attention_mask is not None else None
-        target = hf.HFTarget(model, cache)
+        target = hf.HFTarget(model, cache, explicit_positions)
         process = [hf.processors_for_row(logits_processor, b) for b in rows]
         options.process = process if any(p is not None for p in process) else None  # None: no prefix work
         options.trees = len(rows) == 1 and config.tree_branches > 1 and target.trees_ok
@@ -106,7 +106,7 @@ def ngram_generate(
 
     optimize = getattr(model, "_optimize_model_for_decode", None)
     with optimize() if optimize is not None else contextlib.nullcontext():
-        if batch == 1 or hf.HFTarget(model, cache).can_gather:
+        if batch == 1 or hf.HFTarget(model, cache, explicit_positions).can_gather:
             result = decode(range(batch), cache)
         else:
             # Sliding-window or static caches cannot hold per-row holes: decode row by row,

@@ -4,60 +4,79 @@ request: what makes "any model transformers loads" hold for architectures nobody
 The loop relies on three things the model's code must do: attend over the cache (so a forward
 sees only the new tokens), take explicit positions, and roll back to any prefix of its last
 forward with one crop. The probe runs those steps on six tokens of the request's own prompt with
-a fresh dynamic cache (prefill 3, verify a block of 3, crop 1, verify 2 more) and compares every
-row's logits with one plain forward over the six tokens. A model that fails, or raises, is
-refused with its reason before any forward of the request; nothing it would produce is trusted.
+a fresh cache of the request's kind, dynamic or static (prefill 2, verify a block of 3, crop 1,
+verify 2 more), and compares every row's logits with one plain forward over the six tokens. A
+model that fails, or raises, is refused with its reason before any forward of the request.
 """
 
 from __future__ import annotations
 
+import inspect
 import weakref
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 from .checks import UnsupportedGenerationError, fail
 
-_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> None (passed) or the reason
+# model -> {static cache?: (refusal or None, explicit positions?)}
+_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def check_model_steps(model, input_ids: torch.Tensor) -> None:
+def check_model_steps(model, input_ids: torch.Tensor, cache) -> bool:
     """Refuse ``model`` (UnsupportedGenerationError) when the loop's steps do not reproduce a plain
-    forward on it; runs once per model object (later calls read the verdict)."""
-    if model not in _VERDICTS:
-        _VERDICTS[model] = _probe(model, input_ids[0])
-    if _VERDICTS[model] is not None:
-        fail(_VERDICTS[model])
+    forward on it; runs once per model object (later calls read the verdict). Returns whether
+    the loop passes explicit position ids: False for a model whose own positions are not
+    0, 1, 2, ... (Kosmos-2.5 counts from its padding index): it gets none, as from generate()."""
+    static = any(hasattr(layer, "max_cache_len") for layer in getattr(cache, "layers", ()))
+    verdicts = _VERDICTS.setdefault(model, {})
+    if static not in verdicts:
+        verdicts[static] = _probe(model, input_ids[0], static)
+    reason, explicit = verdicts[static]
+    if reason is not None:
+        fail(reason)
+    return explicit
 
 
-def _probe(model, prompt: torch.Tensor) -> str | None:
+def _probe(model, prompt: torch.Tensor, static: bool) -> tuple[str | None, bool]:
     from .target import HFTarget
 
     tokens = prompt.repeat(6 // len(prompt) + 1)[:6][None]  # (1, 6): the prompt's own ids, no special ones
-    device = tokens.device
-    positions = torch.arange(6, device=device)[None]
+    positions = torch.arange(6, device=tokens.device)[None]
+    explicit = "position_ids" in inspect.signature(model.forward).parameters
     try:
         with torch.no_grad():
-            reference = model(input_ids=tokens, position_ids=positions, use_cache=False).logits.float()  # (1, 6, V)
-            target = HFTarget(model, DynamicCache(config=model.config.get_text_config(decoder=True)))
+            reference = model(input_ids=tokens, use_cache=False).logits.float()  # (1, 6, V): its own positions
+            if explicit:
+                counted = model(input_ids=tokens, position_ids=positions, use_cache=False).logits.float()
+                explicit = _distance(counted, reference, model) <= _tolerance(model)
+            config = model.config.get_text_config(decoder=True)
+            cache = StaticCache(config=config, max_cache_len=8) if static else DynamicCache(config=config)
+            target = HFTarget(model, cache, explicit)
             target.forward(tokens[:, :2], positions[:, :2], None, 1)  # prefill: the cache holds 0..1
             block = target.forward(tokens[:, 2:5], positions[:, 2:5], None, 3)  # [last, draft 2] -> 3, 4, 5
             target.crop(1)  # token 4 rejected: the cache holds 0..3
             after = target.forward(tokens[:, 4:6], positions[:, 4:6], None, 2)  # -> 5, 6
     except UnsupportedGenerationError as err:  # a rule of the loop's own: its message says it all
-        return str(err)
+        return str(err), explicit
     except Exception as err:  # noqa: BLE001 - any failure of the steps is the verdict
         return _refusal(model, f"its forward failed under the loop's steps ({type(err).__name__}: "
-                               f"{' '.join(str(err).split())[:200]})")
+                               f"{' '.join(str(err).split())[:200]})"), explicit
     got = torch.cat([block[:, :2], after], dim=1)  # predictions at positions 2, 3, 4, 5
-    want = reference[:, 2:6]
-    scale = want.abs().max().item() + 1e-6
-    tolerance = 1e-3 if want.dtype == torch.float32 and model.dtype in (torch.float32, torch.float64) else 3e-2
-    error = (got - want).abs().max().item() / scale
-    if not error <= tolerance:
+    error = _distance(got, reference[:, 2:6], model)
+    if not error <= _tolerance(model):
         return _refusal(model, f"a forward over new tokens on top of its cache, rolled back by one crop, gives "
-                               f"logits {error:.2g} (relative) away from one plain forward over the same tokens")
-    return None
+                               f"logits {error:.2g} (relative) away from one plain forward over the same tokens"), \
+            explicit
+    return None, explicit
+
+
+def _distance(got: torch.Tensor, want: torch.Tensor, model) -> float:
+    return (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
+
+
+def _tolerance(model) -> float:
+    return 1e-3 if model.dtype in (torch.float32, torch.float64) else 3e-2
 
 
 def _refusal(model, reason: str) -> str:

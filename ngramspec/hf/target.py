@@ -40,11 +40,16 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 class HFTarget:
     """A causal LM and its KV cache (a :class:`~ngramspec.hf.decode.Target`)."""
 
-    def __init__(self, model, cache):
+    def __init__(self, model, cache, explicit_positions: bool | None = None):
         self.model = model
         self.cache = cache
-        # Rows with holes need explicit positions: a forward without position_ids counts them.
-        self.can_gather = can_gather(cache) and "position_ids" in inspect.signature(model.forward).parameters
+        # Rows with holes need explicit positions. A forward that names no position_ids, or
+        # whose own positions are not 0, 1, 2, ... (the probe finds out), counts them itself
+        # (pads included), as plain generate() lets it: it gets none, and its rows decode one at
+        # a time, each with its own padding.
+        self._positions = ("position_ids" in inspect.signature(model.forward).parameters
+                           if explicit_positions is None else explicit_positions)
+        self.can_gather = can_gather(cache) and self._positions
         self.trees_ok = self.can_gather and model.config._attn_implementation in ("eager", "sdpa")
         self._prefilled = False
         self._recurrent: list = []  # layers with recurrent states (set after the prefill)
@@ -71,8 +76,9 @@ class HFTarget:
             # layer) transformers stops masking them unless it is given a mask.
             mask = torch.ones((ids.shape[0], self._length + ids.shape[1]), dtype=torch.long, device=ids.device)
         self._length += ids.shape[1]
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
-                         use_cache=True, logits_to_keep=keep)
+        positions = {"position_ids": positions} if self._positions else {}
+        out = self.model(input_ids=ids, attention_mask=mask, cache=self.cache, use_cache=True, logits_to_keep=keep,
+                         **positions)
         if not self._prefilled:
             # Sliding-window and linear-attention layers drop old states on update; recording
             # keeps them until the next crop, so rejected draft tokens can be rolled back.
