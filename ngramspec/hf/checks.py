@@ -109,18 +109,37 @@ def _check_cache_support(model) -> None:
     _check_feeds_new_tokens(model, model_type)
 
 
+def _decode_inputs(model) -> dict | None:
+    """What the model's own ``prepare_inputs_for_generation`` feeds a decode step of one new token
+    after two (positions given, as generate() gives them); None where it needs a real cache (or
+    is transformers' own, which feeds the new token and passes positions through)."""
+    if type(model).prepare_inputs_for_generation is GenerationMixin.prepare_inputs_for_generation:
+        return None
+    ids = torch.zeros((1, 2), dtype=torch.long, device=model.device)
+    try:
+        prepared = model.prepare_inputs_for_generation(
+            ids, next_sequence_length=1, is_first_iteration=False, use_cache=True,
+            position_ids=torch.arange(2, device=model.device)[None], attention_mask=torch.ones_like(ids))
+    except Exception:  # noqa: BLE001 - an override that needs a real cache: transformers' defaults hold
+        return None
+    return prepared if isinstance(prepared, dict) else None
+
+
+def passes_positions(model) -> bool:
+    """Whether generate() gives the model explicit position ids (0, 1, 2, ... over the real
+    tokens). Not when its forward takes none (it counts from its cache, pads included), nor when
+    its own inputs drop them (Kosmos-2.5 counts from its padding index): the loop does the same."""
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return False
+    prepared = _decode_inputs(model)
+    return prepared is None or prepared.get("position_ids") is not None
+
+
 def _check_feeds_new_tokens(model, model_type: str) -> None:
     """The loop feeds a forward only the tokens the cache lacks. A model whose generate() feeds
     it the whole sequence every step (it slices off the cached part itself: CPM-Ant) says so in
     its ``prepare_inputs_for_generation``; asked for one new token it returns them all."""
-    if type(model).prepare_inputs_for_generation is GenerationMixin.prepare_inputs_for_generation:
-        return
-    ids = torch.zeros((1, 2), dtype=torch.long, device=model.device)
-    try:
-        prepared = model.prepare_inputs_for_generation(ids, next_sequence_length=1, is_first_iteration=False)
-    except Exception:  # noqa: BLE001 - an override that needs a real cache: it feeds new tokens only
-        return
-    fed = prepared.get("input_ids") if isinstance(prepared, dict) else None
+    fed = (_decode_inputs(model) or {}).get("input_ids")
     if torch.is_tensor(fed) and fed.shape[-1] > 1:
         fail(
             f"{type(model).__name__} (model type {model_type!r}) is fed the whole sequence at every step (its "

@@ -30,7 +30,7 @@ from ..cost.timer import ForwardTimer
 from ..draft.metrics import DecodeStats
 from ..draft.speculator import NgramSpeculator
 from . import target as hf
-from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail
+from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail, passes_positions
 from .decode import DecodeResult, Options, speculative_decode, stack_per_index
 from .probe import check_model_steps
 
@@ -71,7 +71,8 @@ def ngram_generate(
     if batch > 1:
         check_batch_request(logits_processor, ngram_streamer, stopping_criteria)
     first_row = hf.real_tokens(input_ids, model_kwargs.get("attention_mask"), 0)[None]
-    explicit_positions = check_model_steps(model, first_row, cache)  # may refuse the model
+    explicit_positions = passes_positions(model)
+    check_model_steps(model, first_row, cache, explicit_positions)  # may refuse the model
 
     gc = generation_config
     attention_mask = model_kwargs.get("attention_mask")  # None: no padding (generate drops all-ones)

@@ -11,7 +11,6 @@ model that fails, or raises, is refused with its reason before any forward of th
 
 from __future__ import annotations
 
-import inspect
 import weakref
 
 import torch
@@ -19,37 +18,31 @@ from transformers import DynamicCache, StaticCache
 
 from .checks import UnsupportedGenerationError, fail
 
-# model -> {static cache?: (refusal or None, explicit positions?)}
+# model -> {(static cache?, explicit positions?): refusal or None}
 _VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def check_model_steps(model, input_ids: torch.Tensor, cache) -> bool:
+def check_model_steps(model, input_ids: torch.Tensor, cache, explicit: bool) -> None:
     """Refuse ``model`` (UnsupportedGenerationError) when the loop's steps do not reproduce a plain
-    forward on it; runs once per model object (later calls read the verdict). Returns whether
-    the loop passes explicit position ids: False for a model whose own positions are not
-    0, 1, 2, ... (Kosmos-2.5 counts from its padding index): it gets none, as from generate()."""
+    forward on it, given position ids or not (``explicit``, as generate() gives them); runs once
+    per model object and cache kind (later calls read the verdict)."""
     static = any(hasattr(layer, "max_cache_len") for layer in getattr(cache, "layers", ()))
     verdicts = _VERDICTS.setdefault(model, {})
-    if static not in verdicts:
-        verdicts[static] = _probe(model, input_ids[0], static)
-    reason, explicit = verdicts[static]
-    if reason is not None:
-        fail(reason)
-    return explicit
+    if (static, explicit) not in verdicts:
+        verdicts[static, explicit] = _probe(model, input_ids[0], static, explicit)
+    if verdicts[static, explicit] is not None:
+        fail(verdicts[static, explicit])
 
 
-def _probe(model, prompt: torch.Tensor, static: bool) -> tuple[str | None, bool]:
+def _probe(model, prompt: torch.Tensor, static: bool, explicit: bool) -> str | None:
     from .target import HFTarget
 
     tokens = prompt.repeat(6 // len(prompt) + 1)[:6][None]  # (1, 6): the prompt's own ids, no special ones
     positions = torch.arange(6, device=tokens.device)[None]
-    explicit = "position_ids" in inspect.signature(model.forward).parameters
     try:
         with torch.no_grad():
-            reference = model(input_ids=tokens, use_cache=False).logits.float()  # (1, 6, V): its own positions
-            if explicit:
-                counted = model(input_ids=tokens, position_ids=positions, use_cache=False).logits.float()
-                explicit = _distance(counted, reference, model) <= _tolerance(model)
+            given = {"position_ids": positions} if explicit else {}
+            reference = model(input_ids=tokens, use_cache=False, **given).logits.float()  # (1, 6, V)
             config = model.config.get_text_config(decoder=True)
             cache = StaticCache(config=config, max_cache_len=8) if static else DynamicCache(config=config)
             target = HFTarget(model, cache, explicit)
@@ -58,17 +51,16 @@ def _probe(model, prompt: torch.Tensor, static: bool) -> tuple[str | None, bool]
             target.crop(1)  # token 4 rejected: the cache holds 0..3
             after = target.forward(tokens[:, 4:6], positions[:, 4:6], None, 2)  # -> 5, 6
     except UnsupportedGenerationError as err:  # a rule of the loop's own: its message says it all
-        return str(err), explicit
+        return str(err)
     except Exception as err:  # noqa: BLE001 - any failure of the steps is the verdict
         return _refusal(model, f"its forward failed under the loop's steps ({type(err).__name__}: "
-                               f"{' '.join(str(err).split())[:200]})"), explicit
+                               f"{' '.join(str(err).split())[:200]})")
     got = torch.cat([block[:, :2], after], dim=1)  # predictions at positions 2, 3, 4, 5
     error = _distance(got, reference[:, 2:6], model)
     if not error <= _tolerance(model):
         return _refusal(model, f"a forward over new tokens on top of its cache, rolled back by one crop, gives "
-                               f"logits {error:.2g} (relative) away from one plain forward over the same tokens"), \
-            explicit
-    return None, explicit
+                               f"logits {error:.2g} (relative) away from one plain forward over the same tokens")
+    return None
 
 
 def _distance(got: torch.Tensor, want: torch.Tensor, model) -> float:

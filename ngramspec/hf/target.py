@@ -43,10 +43,9 @@ class HFTarget:
     def __init__(self, model, cache, explicit_positions: bool | None = None):
         self.model = model
         self.cache = cache
-        # Rows with holes need explicit positions. A forward that names no position_ids, or
-        # whose own positions are not 0, 1, 2, ... (the probe finds out), counts them itself
-        # (pads included), as plain generate() lets it: it gets none, and its rows decode one at
-        # a time, each with its own padding.
+        # Rows with holes need explicit positions. A model that generate() gives none (see
+        # checks.passes_positions) counts them itself, pads included: the loop gives none too,
+        # and its rows decode one at a time, each with its own padding.
         self._positions = ("position_ids" in inspect.signature(model.forward).parameters
                            if explicit_positions is None else explicit_positions)
         self.can_gather = can_gather(cache) and self._positions
