@@ -198,11 +198,13 @@ def test_the_probe_refuses_a_cache_that_breaks_the_loops_steps(monkeypatch, brok
     assert all(c is None or c.shape[1] <= 6 for c in calls)  # only the probe's six tokens ran
 
 
-@pytest.mark.parametrize("model_type", ["whisper", "bart"])
+@pytest.mark.parametrize("model_type", ["whisper", "bart", "kosmos-2.5", "roberta"])
 def test_a_padded_batch_of_a_model_that_counts_its_own_positions(model_type):
-    """A forward that takes no position_ids counts positions from its cache, pads included (as
-    plain generate() lets it): the loop passes none and decodes the rows one at a time."""
-    model = _model(model_type)
+    """Whisper and BART take no position_ids and Kosmos-2.5 drops them (it counts from its
+    padding index): each counts positions from its cache, pads included, as plain generate()
+    lets it, so the loop passes none and decodes the rows one at a time. RoBERTa also counts
+    from a padding index by default, but generate() gives it 0-based ids: so does the loop."""
+    model = tiny_model(model_type, dtype=torch.float32, seed=3, image_text=model_type == "kosmos-2.5")
     _, (ids, mask) = prompts(model)
     spec = NgramSpeculator(payoff_sizing=False)
     expected = plain_generate(model, ids, attention_mask=mask, **_greedy(model, ids))
