@@ -5,8 +5,9 @@ The loop relies on three things the model's code must do: attend over the cache 
 sees only the new tokens), take explicit positions, and roll back to any prefix of its last
 forward with one crop. The probe runs those steps on six tokens of the request's own prompt with
 a fresh cache of the request's kind, dynamic or static (prefill 2, verify a block of 3, crop 1,
-verify 2 more), and compares every row's logits with one plain forward over the six tokens. A
-model that fails, or raises, is refused with its reason before any forward of the request.
+verify 2 more), and compares every row's logits with plain decoding's (prefill 2, then one token
+per forward). A model that fails, or raises, is refused with its reason before any forward of
+the request.
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ def _probe(model, prompt: torch.Tensor, static: bool, explicit: bool) -> str | N
     positions = torch.arange(6, device=tokens.device)[None]
     try:
         with torch.no_grad():
-            given = {"position_ids": positions} if explicit else {}
-            reference = model(input_ids=tokens, use_cache=False, **given).logits.float()  # (1, 6, V)
             config = model.config.get_text_config(decoder=True)
+            reference = _plain_steps(model, tokens, positions if explicit else None, DynamicCache(config=config))
             cache = StaticCache(config=config, max_cache_len=8) if static else DynamicCache(config=config)
             target = HFTarget(model, cache, explicit)
             target.forward(tokens[:, :2], positions[:, :2], None, 1)  # prefill: the cache holds 0..1
@@ -56,11 +56,22 @@ def _probe(model, prompt: torch.Tensor, static: bool, explicit: bool) -> str | N
         return _refusal(model, f"its forward failed under the loop's steps ({type(err).__name__}: "
                                f"{' '.join(str(err).split())[:200]})")
     got = torch.cat([block[:, :2], after], dim=1)  # predictions at positions 2, 3, 4, 5
-    error = _distance(got, reference[:, 2:6], model)
+    error = _distance(got, reference, model)
     if not error <= _tolerance(model):
         return _refusal(model, f"a forward over new tokens on top of its cache, rolled back by one crop, gives "
                                f"logits {error:.2g} (relative) away from one plain forward over the same tokens")
     return None
+
+
+def _plain_steps(model, tokens, positions, cache) -> torch.Tensor:
+    """Plain decoding's logits after tokens 2, 3, 4 and 5 (1, 4, V): a prefill of two tokens,
+    then one token per forward (a prefix-LM such as PaliGemma sees its prompt whole only here)."""
+    logits = []
+    for start, end in ((0, 2), (2, 3), (3, 4), (4, 5), (5, 6)):
+        given = {} if positions is None else {"position_ids": positions[:, start:end]}
+        out = model(input_ids=tokens[:, start:end], cache=cache, use_cache=True, **given)
+        logits.append(out.logits[:, -1:].float())
+    return torch.cat(logits[1:], dim=1)
 
 
 def _distance(got: torch.Tensor, want: torch.Tensor, model) -> float:
