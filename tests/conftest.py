@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -162,3 +163,27 @@ def _keep_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def cache_env(tmp_path):
+    return {"NGRAMSPEC_CACHE": str(tmp_path / "cache")}
+
+
+@pytest.fixture()
+def fake_replies(monkeypatch, cache_env):
+    """main() in-process on the tiny model, whose every chunk's reply is ``replies.reply(body)``
+    (upper case unless a test sets another): exact outputs without a trained model. The bodies
+    the model was shown are in ``replies.seen``."""
+    from ngramspec.app.documents import DocumentJob
+
+    replies = SimpleNamespace(reply=str.upper, seen=[])
+
+    def generate(self, body, max_new_tokens, source=None):
+        replies.seen.append(body)
+        return replies.reply(body)
+
+    monkeypatch.setattr(DocumentJob, "prompt_ids", lambda self, instruction, body, context="": body)
+    monkeypatch.setattr(DocumentJob, "generate", generate)
+    monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
+    return replies
