@@ -281,6 +281,8 @@ def test_many_documents_in_place_resume_skips_finished_ones(tiny_model_dir, tmp_
     first = {name: (tmp_path / "docs" / name).read_text() for name in DOCUMENTS}
     assert all((tmp_path / "docs" / (name + ".bak")).read_text() == DOCUMENTS[name] for name in DOCUMENTS)
     capsys.readouterr()
+    assert cli_module.main(args) == 2  # without --resume: refused, the .bak (the original) not overwritten
+    assert f"{inputs[0]} was rewritten in place by an earlier run that did not finish" in capsys.readouterr().err
     assert cli_module.main(args + ["--resume"]) == 0
     merged = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert merged["documents"] == 0  # nothing left to do

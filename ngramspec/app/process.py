@@ -81,12 +81,12 @@ def _kind(args, path: str, text: str) -> str:
     return kind_of(None if path == "-" else path, text) if args.kind == "auto" else args.kind
 
 
-def _finished_in_place(args, path: str, text: str, config) -> ResumeState | None:
+def _finished_in_place(args, path: str, text: str, config, resume_only: bool = True) -> ResumeState | None:
     """--in-place --resume after an interruption: the resume state of this file when it was
     rewritten already (its .bak holds the original, whose state marks the file's content as
     the finished result), else None."""
     backup = Path(path + ".bak")
-    if not (getattr(args, "in_place", False) and args.resume and backup.is_file()):
+    if not (getattr(args, "in_place", False) and (args.resume or not resume_only) and backup.is_file()):
         return None
     original = split_style(backup.read_bytes().decode("utf-8"))[0]
     state = _resume_state(args, original, _kind(args, path, original), config)
@@ -150,6 +150,9 @@ def check_saved_progress(args, raws: list[str], mine: list[int], config) -> None
     for i in mine:
         path = args.inputs[i]
         text = split_style(raws[i])[0]
+        if _finished_in_place(args, path, text, config, resume_only=False) is not None:
+            raise CliError(f"{path} was rewritten in place by an earlier run that did not finish (its original "
+                           f"is {path}.bak); rerun with --resume to finish the run, or --restart to rewrite it again")
         saved = len([k for k in _resume_state(args, text, _kind(args, path, text), config).load() if k >= 0])
         if saved:
             raise CliError(f"{path}: an earlier run of this command saved {saved} finished chunk(s); rerun with "
