@@ -24,6 +24,10 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# Commands started as subprocesses take this count too, rather than one lowered by whatever else
+# keeps the cores busy at that moment (jobs.threads_for_busy_cores): runs the tests compare
+# byte for byte use the same thread count.
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
 
@@ -187,3 +191,11 @@ def fake_replies(monkeypatch, cache_env):
     monkeypatch.setattr(DocumentJob, "generate", generate)
     monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
     return replies
+
+
+@pytest.fixture(autouse=True)
+def _no_busy_cores(monkeypatch):
+    """In-process commands see no other process busy (tests that want one patch it again)."""
+    from ngramspec.app import jobs
+
+    monkeypatch.setattr(jobs, "runnable_elsewhere", lambda *args, **kwargs: 0)

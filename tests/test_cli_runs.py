@@ -76,6 +76,25 @@ def test_a_terminal_sees_the_kept_text_and_one_verdict_line_per_chunk(tiny_model
         "chunk 2/2 kept as "]  # --quiet: only the kept chunk's line
 
 
+def test_busy_cores_lower_the_threads_and_the_command_says_so(tiny_model_dir, document, fake_replies, capsys,
+                                                              monkeypatch):
+    import torch
+
+    from ngramspec.app import jobs
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(jobs, "runnable_elsewhere", lambda: 7)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    torch.set_num_threads(2)  # torch's choice on a 2-core machine (restored after the test)
+    assert _main(_args(document, tiny_model_dir, "--keep-drifted", "0")) == 0
+    err = capsys.readouterr().err
+    assert "ngramspec rewrite: other processes keep cores busy: 1 torch thread (--threads N overrides)\n" in err
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    assert _main(_args(document, tiny_model_dir, "--keep-drifted", "0", "--threads", "2")) == 0
+    assert "keep cores busy" not in capsys.readouterr().err and torch.get_num_threads() == 2
+
+
 def test_a_pipe_gets_the_document_once_at_the_end(tiny_model_dir, document, fake_replies, capsys):
     fake_replies.reply = _fix_first_drift_second
     assert _main(_args(document, tiny_model_dir, "--quiet")) == 3

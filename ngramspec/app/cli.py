@@ -257,6 +257,9 @@ def run(args) -> int:
     # needs no process group (and is the only case that shows its text on stdout as it goes).
     many = len(args.inputs) > 1 or args.out_dir is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
     processes = start_processes(args.threads, distributed=many)
+    if processes.busy and not args.quiet:
+        print(f"ngramspec {args.command}: other processes keep cores busy: {processes.threads} torch "
+              f"thread{'s' if processes.threads > 1 else ''} (--threads N overrides)", file=sys.stderr)
     mine = shard_by_size([len(t) for t in raws], processes.world)[processes.rank]
     check_saved_progress(args, raws, mine, config)
     to_stdout = not many and not getattr(args, "diff", False) and output_path(args, args.inputs[0]) is None
