@@ -153,6 +153,20 @@ def test_output_paths_are_checked_before_the_model_loads(tiny_model_dir, documen
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "folder", "in.txt", "linked.txt"]
 
 
+def test_usage_errors_come_before_torch_and_transformers_are_imported(tmp_path):
+    """`-o DIR` and the other usage errors are answered without importing torch or transformers
+    (seconds on a busy machine), let alone loading a model."""
+    source = tmp_path / "in.txt"
+    source.write_text("Some text.\n")
+    code = ("import sys\nfrom ngramspec.app import cli\n"
+            f"code = cli.main(['rewrite', {str(source)!r}, '--instruction', 'x', '-o', {str(tmp_path)!r}])\n"
+            "heavy = sorted({'torch', 'transformers'} & set(sys.modules))\n"
+            "print(code, heavy)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout == "2 []\n", done.stderr
+    assert f"-o {tmp_path} is a folder" in done.stderr
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_act_as_ctrl_c_and_a_rerun_must_choose(tiny_model_dir, document, tmp_path, fake_replies,
                                                                   capsys, cache_env, signum):

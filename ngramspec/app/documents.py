@@ -30,10 +30,7 @@ from ..draft.metrics import DecodeStats
 from ..hf.hook import install
 from .chunking import Chunk, join_chunks, split_document
 from .guard import LoopStop, drift_reason, length_bound, similarity
-from .settings import JobSettings
-
-# The summarize command's default instruction (the CLI's --instruction default reads it here).
-SUMMARIZE_INSTRUCTION = "Summarize the following text in a few sentences."
+from .settings import SUMMARIZE_INSTRUCTION, JobSettings
 
 
 @dataclass

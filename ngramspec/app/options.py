@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .documents import SUMMARIZE_INSTRUCTION
-from .settings import JobSettings
+from .settings import SUMMARIZE_INSTRUCTION, JobSettings
 
 # The JobSettings fields set by an option (their defaults are the option's): field -> (flag, dest).
 JOB_OPTIONS = {"chunk_tokens": ("--chunk-tokens", "chunk_tokens"),

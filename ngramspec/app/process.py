@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..util.files import RecordLog, apply_style, exclusive_lock, split_style, write_output, write_target
-from .documents import DegenerateOutput
 
 
 class CliError(Exception):
@@ -181,6 +180,8 @@ def _process(args, job, path: str, raw: str, config, bar, show: str) -> ResumeSt
     each rewritten chunk's final text to stdout once it is decided, "raw" when the model's raw
     stream goes there, "" for neither."""
     from tqdm import tqdm
+
+    from .documents import DegenerateOutput
 
     text, style = split_style(raw)
     kind = _kind(args, path, text)
