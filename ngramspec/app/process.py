@@ -161,17 +161,15 @@ def check_saved_progress(args, raws: list[str], mine: list[int], config) -> None
 def verdict_line(args, path: str, index: int, total: int, verdict) -> str:
     """The stderr line saying what became of chunk ``index`` (of ``total``) of ``path``."""
     where = f"ngramspec {args.command}: {path}: chunk {index + 1}/{total}"
+    earlier = " resumed from an earlier run," if verdict.resumed else ""
     if args.command == "summarize":
         return f"{where} {'resumed from an earlier run' if verdict.resumed else 'summarized'}"
     if verdict.kept:
         why = verdict.why
         if "similarity" not in why and verdict.rewrite_similarity is not None:
             why += f"; similarity {verdict.rewrite_similarity:.3f}"
-        line = f"{where} kept as it was: its rewrite drifted ({why}); --keep-drifted 0 uses it anyway"
-        return line.replace(" kept as it was:", " resumed from an earlier run, kept as it was:") if verdict.resumed \
-            else line
-    done = "resumed from an earlier run, rewritten" if verdict.resumed else "rewritten"
-    return f"{where} {done} (similarity {verdict.similarity:.3f})"
+        return f"{where}{earlier} kept as it was: its rewrite drifted ({why}); --keep-drifted 0 uses it anyway"
+    return f"{where}{earlier} rewritten (similarity {verdict.similarity:.3f})"
 
 
 def _process(args, job, path: str, raw: str, config, bar, show: str) -> ResumeState:
