@@ -256,12 +256,12 @@ def run(args) -> int:
     # Several documents, or a launch over processes: accelerate shares them out. One document
     # needs no process group (and is the only case that shows its text on stdout as it goes).
     many = len(args.inputs) > 1 or args.out_dir is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    check_saved_progress(args, raws, list(range(len(raws))), config)  # every document: all processes refuse alike
     processes = start_processes(args.threads, distributed=many)
     if processes.busy and not args.quiet:
         print(f"ngramspec {args.command}: other processes keep cores busy: {processes.threads} torch "
               f"thread{'s' if processes.threads > 1 else ''} (--threads N overrides)", file=sys.stderr)
     mine = shard_by_size([len(t) for t in raws], processes.world)[processes.rank]
-    check_saved_progress(args, raws, mine, config)
     to_stdout = not many and not getattr(args, "diff", False) and output_path(args, args.inputs[0]) is None
     # stdout shows each chunk's final text once decided ("kept": a terminal; a pipe gets the
     # document at the end), or with --stream-raw the model's raw output as it comes
