@@ -38,6 +38,7 @@ COMMANDS = {
     "cost-curve": Command("cost_curve", "verify-cost curve of a model: one forward over q tokens vs one token"),
     "insitu-cost": Command("insitu_cost", "the verify-cost curve measured inside real decoding"),
     "realdocs": Command("realdocs", "real documents, typos injected: typos fixed, guard, parse, speed-up"),
+    "threads": Command("threads", "the rewrite command's speed per torch thread setting, idle and under load"),
     "vllm-bench": Command("vllm_bench", "methods side by side inside one vLLM engine (needs vLLM)"),
     "vllm-cost": Command("vllm_cost", "vLLM's step cost by scheduled tokens and requests (needs vLLM)"),
     "vllm-sim": Command("vllm_sim", "vLLM's engine loop offline over traces, C requests at once"),

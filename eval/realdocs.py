@@ -213,7 +213,7 @@ def run_document(job, plain_job, doc: dict, seed: int) -> dict:
            "length_ratio": round(len(output) / len(typoed), 3)}
     if doc["kind"] == "code":
         row["parses"] = [parses_as_python(typoed), parses_as_python(output)]
-    used = [c for c in job.stats.per_chunk if not c["guarded"]]
+    used = [c for c in job.stats.per_chunk if c["written"] and not c["looped"]]
     row["spec_seconds"] = round(sum(c["seconds"] for c in used), 3)
     row["new_tokens"] = sum(c["new_tokens"] for c in used)
     if plain_job is not None:
@@ -221,7 +221,7 @@ def run_document(job, plain_job, doc: dict, seed: int) -> dict:
         plain_output = plain_job.rewrite(typoed, instruction, doc["kind"])
         row["identical"] = plain_output == output
         row["plain_seconds"] = round(sum(p["seconds"] for p, c in zip(plain_job.stats.per_chunk, job.stats.per_chunk)
-                                         if not c["guarded"]), 3)
+                                         if c["written"] and not c["looped"]), 3)
     return row
 
 

@@ -13,14 +13,29 @@ transformers' own ``generate`` back. ``model.generate(ids, custom_generate=ngram
 ngram_speculator=spec)`` needs no install. Nothing in ``ngramspec.vllm`` installs.
 """
 
-from .draft.config import SpeculatorConfig
-from .draft.metrics import DecodeStats
-from .draft.proposal import Draft
-from .draft.session import SpeculationSession
-from .draft.speculator import NgramSpeculator
-from .hf.checks import UnsupportedGenerationError
-from .hf.hook import install, ngram_generate, uninstall
-from .hf.models import ModelNotFoundError, load_model
+import importlib
+
+# The public names, imported on first use (PEP 562): `import ngramspec` and the command's usage
+# errors stay quick, without loading torch and transformers before they are needed.
+_WHERE = {
+    "SpeculatorConfig": ".draft.config", "DecodeStats": ".draft.metrics", "Draft": ".draft.proposal",
+    "SpeculationSession": ".draft.session", "NgramSpeculator": ".draft.speculator",
+    "UnsupportedGenerationError": ".hf.checks", "install": ".hf.hook", "ngram_generate": ".hf.hook",
+    "uninstall": ".hf.hook", "ModelNotFoundError": ".hf.models", "load_model": ".hf.models",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __version__ = "0.1.0"  # the only place the version is declared: pyproject.toml reads it
 

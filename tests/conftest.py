@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +24,10 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# Commands started as subprocesses take this count too, rather than one lowered by whatever else
+# keeps the cores busy at that moment (jobs.threads_for_busy_cores): runs the tests compare
+# byte for byte use the same thread count.
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
 
@@ -162,3 +167,35 @@ def _keep_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def cache_env(tmp_path):
+    return {"NGRAMSPEC_CACHE": str(tmp_path / "cache")}
+
+
+@pytest.fixture()
+def fake_replies(monkeypatch, cache_env):
+    """main() in-process on the tiny model, whose every chunk's reply is ``replies.reply(body)``
+    (upper case unless a test sets another): exact outputs without a trained model. The bodies
+    the model was shown are in ``replies.seen``."""
+    from ngramspec.app.documents import DocumentJob
+
+    replies = SimpleNamespace(reply=str.upper, seen=[])
+
+    def generate(self, body, max_new_tokens, source=None):
+        replies.seen.append(body)
+        return replies.reply(body)
+
+    monkeypatch.setattr(DocumentJob, "prompt_ids", lambda self, instruction, body, context="": body)
+    monkeypatch.setattr(DocumentJob, "generate", generate)
+    monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
+    return replies
+
+
+@pytest.fixture(autouse=True)
+def _no_busy_cores(monkeypatch):
+    """In-process commands see no other process busy (tests that want one patch it again)."""
+    from ngramspec.app import jobs
+
+    monkeypatch.setattr(jobs, "runnable_elsewhere", lambda *args, **kwargs: 0)

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -34,11 +33,6 @@ def cli(args, env_extra=None, stdin=None, timeout=300):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "ngramspec", *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, input=stdin, timeout=timeout)
-
-
-@pytest.fixture()
-def cache_env(tmp_path):
-    return {"NGRAMSPEC_CACHE": str(tmp_path / "cache")}
 
 
 def run_main(args, monkeypatch, capsys, cache_env, stdin: bytes = b"") -> tuple[int, str, str]:
@@ -175,8 +169,9 @@ def test_missing_instruction_is_a_usage_error(monkeypatch, capsys, cache_env):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C, and what `kill` sends
 def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir, tmp_path, cache_env, monkeypatch,
-                                                                 capsys):
+                                                                 capsys, signum):
     paragraphs = [f"Paragraph number {i} has a few words in it." for i in range(40)]
     source = tmp_path / "long.txt"
     source.write_text("\n\n".join(paragraphs) + "\n")
@@ -196,10 +191,12 @@ def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir,
     while time.time() < deadline and not any("index" in r for r in read_jsonl(resume_dir.glob("*.jsonl"))):
         time.sleep(0.02)
     assert process.poll() is None, "finished before it could be interrupted"
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130 and "--resume" in stderr, stderr
+    assert process.returncode == 128 + signum and "--resume" in stderr, stderr
+    assert f"interrupted ({signal.Signals(signum).name})" in stderr
     assert source.read_text() == "\n\n".join(paragraphs) + "\n" and not out.exists()
+    assert not (tmp_path / ".long.out.txt.lock").exists()  # the lock released
     saved = {r["index"] for r in read_jsonl(resume_dir.glob("*.jsonl"))}  # chunks done before the interrupt
     from transformers import AutoTokenizer
 
@@ -212,7 +209,8 @@ def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir,
     code, _, err = run_main(args + ["--resume"], monkeypatch, capsys, cache_env)
     assert code == 0, err
     stats = json.loads(err.strip().splitlines()[-1])
-    assert stats["chunks"] == total - len(saved)  # only the unfinished chunks were generated
+    # every chunk counted, the resumed ones too; only the unfinished ones were generated
+    assert (stats["chunks"], stats["resumed_chunks"]) == (total, len(saved))
     code, _, err = run_main(args[:5] + [str(tmp_path / "fresh.txt")] + args[6:], monkeypatch, capsys, cache_env)
     assert code == 0, err
     assert out.read_text() == (tmp_path / "fresh.txt").read_text()  # resume gives the same result
@@ -283,31 +281,14 @@ def test_many_documents_in_place_resume_skips_finished_ones(tiny_model_dir, tmp_
     first = {name: (tmp_path / "docs" / name).read_text() for name in DOCUMENTS}
     assert all((tmp_path / "docs" / (name + ".bak")).read_text() == DOCUMENTS[name] for name in DOCUMENTS)
     capsys.readouterr()
+    assert cli_module.main(args) == 2  # without --resume: refused, the .bak (the original) not overwritten
+    assert f"{inputs[0]} was rewritten in place by an earlier run that did not finish" in capsys.readouterr().err
     assert cli_module.main(args + ["--resume"]) == 0
     merged = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert merged["documents"] == 0  # nothing left to do
     assert {name: (tmp_path / "docs" / name).read_text() for name in DOCUMENTS} == first
     assert all((tmp_path / "docs" / (name + ".bak")).read_text() == DOCUMENTS[name] for name in DOCUMENTS)
     assert not any((Path(cache_env["NGRAMSPEC_CACHE"]) / "resume").iterdir())  # no state left behind
-
-
-@pytest.fixture()
-def fake_replies(monkeypatch, cache_env):
-    """main() in-process on the tiny model, whose every chunk's reply is ``replies.reply(body)``
-    (upper case unless a test sets another): exact outputs without a trained model. The bodies
-    the model was shown are in ``replies.seen``."""
-    from ngramspec.app.documents import DocumentJob
-
-    replies = SimpleNamespace(reply=str.upper, seen=[])
-
-    def generate(self, body, max_new_tokens, source=None):
-        replies.seen.append(body)
-        return replies.reply(body)
-
-    monkeypatch.setattr(DocumentJob, "prompt_ids", lambda self, instruction, body, context="": body)
-    monkeypatch.setattr(DocumentJob, "generate", generate)
-    monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
-    return replies
 
 
 def _main(args):
@@ -398,7 +379,7 @@ def test_a_failed_write_exits_1_and_leaves_files_whole(tiny_model_dir, tmp_path,
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(files.os, "replace", full)
-    assert _main(_rewrite(source, tiny_model_dir, "-o", str(out))) == 1
+    assert _main(_rewrite(source, tiny_model_dir, "-o", str(out), "--resume")) == 1  # its chunk was saved
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"cannot write {out}: No space left on device" in err
     assert out.read_text() == "earlier output\n" and source.read_text() == "Some text.\n"
@@ -437,11 +418,13 @@ def test_drifted_chunks_are_kept_by_default_and_said_so_even_when_quiet(tiny_mod
     assert out.read_text() == f"{fixed}\n\n{second}\n"  # the drifted chunk as it was, the other fixed
     score = fuzz.ratio(second, "An unrelated sentence.") / 100
     assert [line for line in err if "kept as it was" in line] == [
-        f"ngramspec rewrite: {source}: chunk 1 kept as it was: its rewrite drifted (similarity {score:.3f} < 0.8); "
+        f"ngramspec rewrite: {source}: chunk 2/2 kept as it was: its rewrite drifted (similarity {score:.3f} < 0.8); "
         "--keep-drifted 0 uses it anyway"]
     stats = json.loads(err[-1])
-    assert stats["guarded_chunks"] == 1
-    assert stats["similarity_min"] == round(score, 3)
+    assert stats["guarded_chunks"] == 1 and stats["chunks"] == 2 and stats["resumed_chunks"] == 0
+    # similarities of the text written: the kept chunk is its source (1.0), the fixed one its rewrite
+    assert stats["similarity_min"] == round(fuzz.ratio(first, fixed) / 100, 3) and score < stats["similarity_min"]
+    assert stats["similarity_mean"] == round((fuzz.ratio(first, fixed) / 100 + 1.0) / 2, 3)
 
     assert _main(args + ["--keep-drifted", "0"]) == 0  # the guard off: the drifted rewrite is used
     assert out.read_text() == f"{fixed}\n\nAn unrelated sentence.\n"
@@ -531,7 +514,8 @@ def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run(tiny_model_
     # The rerun and the uninterrupted reference run in this process (only the kill needs one).
     code, _, err = run_main(args + ["--resume", "--stats"], monkeypatch, capsys, cache_env)
     assert code == 0, err
-    assert json.loads(err.strip().splitlines()[-1])["chunks"] == len(paragraphs) - len(saved)
+    stats = json.loads(err.strip().splitlines()[-1])
+    assert (stats["chunks"], stats["resumed_chunks"]) == (len(paragraphs), len(saved))
     code, _, err = run_main(args[:5] + [str(tmp_path / "fresh.txt")] + args[6:], monkeypatch, capsys, cache_env)
     assert code == 0, err
     assert out.read_bytes() == (tmp_path / "fresh.txt").read_bytes()
@@ -545,7 +529,7 @@ def test_every_speculator_setting_is_an_explained_option_parsed_like_the_config(
     from ngramspec.app.cli import _speculator_config, build_parser
     from ngramspec.draft.config import SpeculatorConfig, setting_fields
 
-    parser = build_parser()
+    parser = build_parser(full=True)  # --help-all's parser: every setting with its help
     sub = next(a for a in parser._actions if a.dest == "command").choices["rewrite"]
     helps = {a.dest: a.help for a in sub._actions}
     for name in setting_fields():  # a sub-config's settings too: --cost-tuning-window

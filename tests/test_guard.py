@@ -140,9 +140,26 @@ def test_a_garbage_rewrite_leaves_the_document_as_it_was(tiny_job):
     assert len(job.stats.guarded) == job.stats.chunks > 1
     stats = job.stats.as_dict()
     assert stats["guarded_chunks"] == stats["chunks"] and stats["new_tokens"] == 0  # no speed claimed
-    assert stats["speedup_estimate"] == 1.0 and stats["tokens_per_second"] == 0.0
+    assert stats["speed_chunks"] == 0 and stats["similarity_min"] == 1.0  # the written text is the source
+    assert stats["speedup_estimate"] is stats["tokens_per_second"] is stats["mat"] is stats["acceptance_rate"] is None
     unguarded = tiny_job(chunk_tokens=32, similarity_floor=0)
     assert unguarded.rewrite(DOCUMENT, "Fix the typos.", "markdown") != DOCUMENT and not unguarded.stats.guarded
+
+
+def test_speed_figures_leave_out_output_stopped_as_a_loop_even_when_written(tiny_job):
+    """With the guard off a looping rewrite is written, but it drafts itself: no speed figure
+    counts it (the issue: looping output reported a 2.6-2.9x speed-up)."""
+    job = tiny_job(chunk_tokens=32, similarity_floor=0, min_loop_tokens=8, max_new_tokens=40)
+    job.rewrite(DOCUMENT, "Fix the typos.", "markdown")
+    chunks = job.stats.per_chunk
+    looped = [c for c in chunks if c["looped"]]
+    clean = [c for c in chunks if not c["looped"]]
+    assert looped and clean and all(c["written"] for c in chunks)  # one chunk loops, one runs to 40 tokens
+    stats = job.stats.as_dict()
+    assert stats["guarded_chunks"] == 0 and stats["speed_chunks"] == len(clean)
+    assert stats["new_tokens"] == sum(c["new_tokens"] for c in clean)
+    assert stats["target_forwards"] == sum(c["target_forwards"] for c in clean)
+    assert stats["mat"] == round(stats["new_tokens"] / stats["target_forwards"], 3)
 
 
 def test_generation_stops_at_a_loop_and_keeps_the_tokens_before_it(tiny_job):

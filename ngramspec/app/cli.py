@@ -6,8 +6,10 @@
 
 Long documents are split along natural boundaries (Markdown sections, top-level code blocks,
 paragraphs), each chunk is rewritten with the instruction, and the results are joined with the
-document's own blank lines and indentation. Output streams to the terminal as it is accepted;
-a progress bar (chunks, tokens/s, mean accepted tokens per forward) goes to stderr.
+document's own blank lines and indentation. Without -o, stdout shows each chunk's final text
+once the guard has decided on it (--stream-raw: the model's raw output as it comes); stderr
+gets a progress bar (chunks, tokens/s, mean accepted tokens per forward) and one line per chunk
+as it is decided: rewritten or kept, why, its similarity.
 
 Many documents at once, into a folder (or --in-place), sharded over processes or GPUs:
 
@@ -21,7 +23,9 @@ CPU, each with cores / processes torch threads).
 Safety: the input is never overwritten unless --in-place, which writes atomically and keeps a
 .bak copy. Output files are written atomically at the end, so an interrupted run leaves the
 input untouched and no half-written output; finished chunks are saved as they complete, and
---resume continues from them (with many documents, finished documents are skipped). An output
+--resume continues from them (with many documents, finished documents are skipped); a rerun
+that finds them without --resume refuses (--restart discards them). SIGTERM and SIGHUP act as
+Ctrl-C. Output paths are checked before the model loads. An output
 that is a symlink keeps being one (its target is replaced); a device, FIFO or /dev/stdout is
 written through. A run locks its output files (.NAME.lock beside each): a second run on the same
 output stops at once (exit 2). A failed write (disk full) exits 1 and leaves the old file whole.
@@ -31,11 +35,12 @@ invented code, one line repeated until the token limit). Each chunk's generation
 it repeats a span many times over where the input does not, or runs past the length bound;
 a rewritten chunk that drifted (similarity below --keep-drifted, longer than --max-growth,
 Markdown headings/lists/fences/front matter or Python syntax broken) is kept as it was, with a
-line on stderr even under --quiet. A summary that loops is refused: nothing is written.
+line on stderr even under --quiet. A summary that loops is refused: nothing is written, unless
+--accept-loops.
 
 Exit status: 0 done; 1 a write failed; 2 bad usage; 3 done, but some chunks were kept as they
 were (the output is written; stderr names them); 4 a summary degenerated (nothing written);
-130 interrupted.
+130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP).
 
 Fidelity: the model sees LF line breaks and no byte-order mark; the output gets the input's
 back (CRLF, BOM), and a rewrite keeps the input's trailing newline, or its absence.
@@ -48,114 +53,32 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
-from .documents import SUMMARIZE_INSTRUCTION
+from ..util.files import write_target
+from . import options
 from .jobs import start_processes
-from .process import CliError, DegenerateError, WriteError, lock_output, output_path, process_share, write_stdout
+from .process import (
+    CliError,
+    DegenerateError,
+    WriteError,
+    check_saved_progress,
+    lock_output,
+    output_path,
+    process_share,
+    write_stdout,
+)
 from .settings import JobSettings
 
 EXIT_FAILED, EXIT_USAGE, EXIT_GUARDED, EXIT_DEGENERATE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
-# The JobSettings fields set by an option (their defaults are the option's): field -> (flag, dest).
-JOB_OPTIONS = {"chunk_tokens": ("--chunk-tokens", "chunk_tokens"),
-               "similarity_floor": ("--keep-drifted", "keep_drifted"), "max_growth": ("--max-growth", "max_growth")}
+LARGER_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"  # what the no-rewrite message suggests
+JOB_OPTIONS = options.JOB_OPTIONS
 
 
-def _config_options(parser: argparse.ArgumentParser) -> None:
-    """One --option per speculator setting (a sub-config's ``cost_tuning.window`` as
-    --cost-tuning-window), defaults read from the dataclasses."""
-    from ..draft.config import SpeculatorConfig, setting_fields
-
-    group = parser.add_argument_group("speculator settings (defaults from SpeculatorConfig)")
-    tuning = parser.add_argument_group("speculator tuning (rarely changed; SpeculatorConfig's sub-configs)")
-    described = SpeculatorConfig.describe()
-    for name, (_, f) in setting_fields().items():
-        flag, where = "--" + name.replace("_", "-").replace(".", "-"), tuning if "." in name else group
-        if isinstance(f.default, bool):
-            where.add_argument(flag, dest=name, default=f.default, action=argparse.BooleanOptionalAction,
-                               help=described[name])
-        else:
-            # verify_cost's default None is "auto" (argparse passes a text default through type)
-            default, text = f.default, described[name]
-            if name == "verify_cost":
-                default = "auto"
-                text += " Or a fixed curve, q:cost pairs relative to one token: 1:1.0,8:1.5,24:2.0."
-            where.add_argument(flag, dest=name, default=default, type=_setting_parser(name),
-                               metavar=f.name.upper(), help=text)
-    group.add_argument("--no-speculation", action="store_true",
-                       help="plain decoding, for comparison (same output when greedy, just slower)")
-
-
-def _setting_parser(name: str):
-    """argparse ``type`` for a SpeculatorConfig field: the settings parser's reader, its message."""
-    from ..draft.config import read_setting
-
-    def parse(text: str):
-        try:
-            return read_setting(name, text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    return parse
-
-
-def build_parser() -> argparse.ArgumentParser:
-    defaults = JobSettings()
-    parser = argparse.ArgumentParser(prog="ngramspec", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{rewrite,summarize}")
-    for name, help_text, more in (("rewrite", "rewrite a document following an instruction", ""),
-                                  ("summarize", "summarize a document",
-                                   " A summary is meant to differ from its text: it has no drift guard "
-                                   "(rewrite's --keep-drifted) and no --diff; a summary that repeats itself "
-                                   "is refused (exit 4, nothing written).")):
-        p = sub.add_parser(name, help=help_text, description=help_text + "." + more,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        p.add_argument("inputs", nargs="+", metavar="INPUT",
-                       help="text, Markdown or code file(s); '-' reads stdin (one input only)")
-        p.add_argument("--instruction", required=(name == "rewrite"),
-                       default=None if name == "rewrite" else SUMMARIZE_INSTRUCTION,
-                       help="what to do with the text")
-        p.add_argument("-o", "--output", default=None, help="output file (default: stdout; one input only)")
-        p.add_argument("--out-dir", default=None,
-                       help="folder for the outputs, one per input under the input's file name (created if missing)")
-        if name == "rewrite":
-            p.add_argument("--in-place", action="store_true",
-                           help="replace INPUT with the result (atomically; the original is kept as INPUT.bak)")
-            p.add_argument("--diff", action="store_true",
-                           help="print a unified diff of each INPUT against its rewrite to stdout and write "
-                                "nothing (both headers name INPUT, so `patch -p0 < DIFF` applies it)")
-            p.add_argument("--keep-drifted", type=float, default=defaults.similarity_floor, metavar="BELOW",
-                           help="drift guard: keep a chunk as it was when its rewrite's similarity to it "
-                                "(0-1, as --stats reports it) is below BELOW, when it is longer than "
-                                "--max-growth, or when it broke the chunk's structure; a line on stderr per "
-                                "kept chunk and exit status 3. 0 turns the guard off")
-            p.add_argument("--max-growth", type=float, default=defaults.max_growth, metavar="RATIO",
-                           help="drift guard: longest rewrite kept, as a multiple of its chunk's length (a "
-                                "chunk also stops generating there); raise it for instructions that add text")
-        p.add_argument("--model", default="default",
-                       help="'default' (SmolLM2-135M-Instruct), a local model folder or a hub id")
-        p.add_argument("--max-new-tokens", type=int, default=None,
-                       help=f"tokens generated per chunk (default: rewrite --max-growth x the chunk + "
-                            f"{defaults.length_slack}, {defaults.unguarded_growth}x with the guard off; "
-                            f"summarize {defaults.summary_tokens})")
-        p.add_argument("--chunk-tokens", type=int, default=defaults.chunk_tokens,
-                       help=f"largest chunk, in tokens (at least {defaults.min_chunk_tokens})")
-        p.add_argument("--kind", choices=("auto", "text", "markdown", "code"), default="auto",
-                       help="how to find chunk boundaries (auto: from the file suffix)")
-        p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-        p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sample)")
-        p.add_argument("--seed", type=int, default=None, help="random seed (with --sample)")
-        p.add_argument("--resume", action="store_true", help="continue an interrupted run from its finished chunks")
-        p.add_argument("--quiet", action="store_true",
-                       help="no streaming and no progress bars (nor transformers' while the model loads)")
-        p.add_argument("--stats", action="store_true",
-                       help="print a final JSON line of stats to stderr: chunks, guarded chunks, time; tokens, "
-                            "forwards, MAT, tokens/s and speed-up estimate over the chunks whose rewrite was used; "
-                            "minimum and mean similarity of rewritten chunks to their source")
-        p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-        _config_options(p)
-    return parser
+def build_parser(full: bool = False) -> argparse.ArgumentParser:
+    """The command's parser (``options.py``): --help lists the common path, ``full`` every option."""
+    return options.build_parser(full, __doc__)
 
 
 def read_input(path: str) -> str:
@@ -200,10 +123,11 @@ def _check_args(args) -> None:
         raise CliError("-o/--output takes one input; with several, use --out-dir DIR or --in-place")
     if len(inputs) > 1 and args.out_dir is None and not in_place and not diff:
         raise CliError("several inputs need --out-dir DIR (one output per input), --in-place or --diff")
-    if args.output is not None and inputs[0] != "-" and Path(args.output).resolve() == Path(inputs[0]).resolve():
-        raise CliError("the output would overwrite the input; pass --in-place to replace it (a .bak is kept)")
-    if args.output is not None and not Path(args.output).resolve().parent.is_dir():
-        raise CliError(f"{args.output}: its folder does not exist")
+    if args.output is not None:
+        _check_output(Path(args.output), inputs, "-o")
+    if args.stream_raw and (diff or len(inputs) > 1 or args.out_dir is not None):
+        raise CliError("--stream-raw shows one document as it is generated: not with --diff, --out-dir or "
+                       "several inputs")
     if args.out_dir is not None:
         if Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
             raise CliError(f"--out-dir {args.out_dir} is a file, not a folder")
@@ -216,10 +140,39 @@ def _check_args(args) -> None:
         for x in inputs:
             if (Path(args.out_dir) / Path(x).name).resolve() == Path(x).resolve():
                 raise CliError(f"the output for {x} would overwrite it; choose another --out-dir or pass --in-place")
+            _check_output(Path(args.out_dir) / Path(x).name, [x], "--out-dir")
+    if in_place:
+        for x in inputs:
+            _check_output(Path(x), [], "--in-place")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise CliError("--max-new-tokens must be at least 1")
     if args.temperature <= 0:
         raise CliError("--temperature must be > 0")
+
+
+def _check_output(path: Path, inputs: list[str], option: str) -> None:
+    """Before the model loads: ``path`` can take an output (not a folder, in a folder that
+    exists and takes new files) and is not one of ``inputs`` (hard links too)."""
+    if path.is_dir():
+        raise CliError(f"{option} {path} is a folder; give a file name" + (
+            f" (or --out-dir {path}: one output per input)" if option == "-o" else ""))
+    target = write_target(path)
+    if target is None:  # a device or FIFO, written through
+        return
+    for x in inputs:
+        if x != "-" and (target.resolve() == Path(x).resolve() or target.exists() and os.path.samefile(target, x)):
+            raise CliError("the output would overwrite the input; pass --in-place to replace it (a .bak is kept)")
+    folder = target.resolve().parent
+    if option == "--out-dir":  # created when missing: its nearest existing parent takes it
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+    if not folder.is_dir():
+        raise CliError(f"{path}: its folder does not exist")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise CliError(f"{path}: cannot write in its folder {folder} ({err.strerror or err})") from None
 
 
 def job_settings(args) -> JobSettings:
@@ -247,17 +200,14 @@ def shard_by_size(sizes: list[int], processes: int) -> list[list[int]]:
 
 
 def _speculator_config(args):
-    """The SpeculatorConfig of the --min-n ... options (bad values are usage errors)."""
-    from ..draft.config import SpeculatorConfig, config_with, setting_fields
-
-    settings = {name: getattr(args, name) for name in setting_fields() if hasattr(args, name)}
+    """The SpeculatorConfig of --config, --set and the --min-n ... options (bad values are usage errors)."""
     try:
-        return config_with(SpeculatorConfig(), settings)
-    except (TypeError, ValueError) as err:
-        raise CliError(f"speculator setting: {err}") from None
+        return options.speculator_config(args)
+    except options.OptionError as err:
+        raise CliError(str(err)) from None
 
 
-def _document_job(args, config, device: str | None, stream: bool):
+def _document_job(args, config, device: str | None, raw_stream: bool):
     """The model, loaded on ``device``, and the job that rewrites or summarizes with it."""
     from ..draft.speculator import NgramSpeculator
     from ..hf.models import ModelNotFoundError, load_model
@@ -269,13 +219,14 @@ def _document_job(args, config, device: str | None, stream: bool):
     except (ModelNotFoundError, OSError, ValueError) as err:
         raise CliError(f"cannot load model {args.model!r}: {str(err).splitlines()[0]}") from None
     streamer_factory = None
-    if stream:
+    if raw_stream:
         from transformers import TextStreamer
 
         streamer_factory = lambda: TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)  # noqa: E731
     return DocumentJob(model, tokenizer, None if args.no_speculation else NgramSpeculator(config),
                        max_new_tokens=args.max_new_tokens, sample=args.sample, temperature=args.temperature,
-                       seed=args.seed, streamer_factory=streamer_factory, settings=job_settings(args))
+                       seed=args.seed, streamer_factory=streamer_factory, settings=job_settings(args),
+                       accept_loops=getattr(args, "accept_loops", False))
 
 
 @contextlib.contextmanager
@@ -303,17 +254,23 @@ def run(args) -> int:
     raws = [read_input(path) for path in args.inputs]  # every input checked before the model loads
     config = _speculator_config(args)
     # Several documents, or a launch over processes: accelerate shares them out. One document
-    # needs no process group (and is the only case that streams to the terminal).
+    # needs no process group (and is the only case that shows its text on stdout as it goes).
     many = len(args.inputs) > 1 or args.out_dir is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    check_saved_progress(args, raws, list(range(len(raws))), config)  # every document: all processes refuse alike
     processes = start_processes(args.threads, distributed=many)
+    if processes.busy and not args.quiet:
+        print(f"ngramspec {args.command}: other processes keep cores busy: {processes.threads} torch "
+              f"thread{'s' if processes.threads > 1 else ''} (--threads N overrides)", file=sys.stderr)
     mine = shard_by_size([len(t) for t in raws], processes.world)[processes.rank]
-    stream = (not many and not args.quiet and not getattr(args, "diff", False) and sys.stdout.isatty()
-              and output_path(args, args.inputs[0]) is None)
+    to_stdout = not many and not getattr(args, "diff", False) and output_path(args, args.inputs[0]) is None
+    # stdout shows each chunk's final text once decided ("kept": a terminal; a pipe gets the
+    # document at the end), or with --stream-raw the model's raw output as it comes
+    show = "raw" if args.stream_raw else "kept" if to_stdout and _is_terminal() else ""
     with contextlib.ExitStack() as locks:  # this process's outputs, before the model loads
         for i in mine:
             lock_output(args, args.inputs[i], locks)
-        job = _document_job(args, config, processes.device, stream)
-        records, states = process_share(args, job, raws, mine, config, processes, stream)
+        job = _document_job(args, config, processes.device, show == "raw")
+        records, states = process_share(args, job, raws, mine, config, processes, show)
         records = processes.gather(records)  # every process's documents, on every process
         processes.close()
         records = sorted(records, key=lambda r: args.inputs.index(r["input"]))
@@ -329,7 +286,23 @@ def run(args) -> int:
             print(json.dumps(_merge(records)), file=sys.stderr)
         else:
             print(json.dumps(job.stats.as_dict()), file=sys.stderr)
+    if args.command == "rewrite" and processes.is_main:
+        _say_when_nothing_was_rewritten(args, records)
     return EXIT_GUARDED if any(r["guarded_chunks"] for r in records) else 0
+
+
+def _is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _say_when_nothing_was_rewritten(args, records: list[dict]) -> None:
+    """One line when every chunk was kept as it was: the likely cause and the fix."""
+    chunks, kept = sum(r["chunks"] for r in records), sum(r["guarded_chunks"] for r in records)
+    if chunks and kept == chunks:
+        model = "the default model (SmolLM2-135M-Instruct)" if args.model == "default" else f"model {args.model}"
+        print(f"ngramspec rewrite: no chunk was rewritten (all {chunks} kept as they were): {model} is likely too "
+              "small for this instruction; a larger instruct model usually manages, e.g. --model "
+              f"{LARGER_MODEL}", file=sys.stderr)
 
 
 def _merge(records: list[dict]) -> dict:
@@ -338,18 +311,51 @@ def _merge(records: list[dict]) -> dict:
     forwards = sum(r["target_forwards"] for r in records)
     seconds = sum(r["seconds"] for r in records)
     return {"documents": len(records), "processes": len({r["process"] for r in records}),
-            "chunks": sum(r["chunks"] for r in records), "new_tokens": tokens, "target_forwards": forwards,
-            "mat": round(tokens / forwards, 3) if forwards else 0.0, "seconds_summed": round(seconds, 3),
+            "chunks": sum(r["chunks"] for r in records), "resumed_chunks": sum(r["resumed_chunks"] for r in records),
+            "speed_chunks": sum(r["speed_chunks"] for r in records), "new_tokens": tokens, "target_forwards": forwards,
+            "mat": round(tokens / forwards, 3) if forwards else None, "seconds_summed": round(seconds, 3),
             "similarity_min": min((r["similarity_min"] for r in records if r["similarity_min"] is not None),
                                   default=None),
             "guarded_chunks": sum(r["guarded_chunks"] for r in records)}
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, handled as Ctrl-C is: the locks released, finished chunks kept."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum, frame):
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _stop_signals():
+    """SIGTERM and SIGHUP raise :class:`Interrupted` during the block (main thread only: main()
+    also runs in-process, in tests), then the handlers are as they were."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = [signal.SIGTERM, signal.SIGHUP]
+    before = {s: signal.signal(s, _interrupt) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return run(args)
+        with _stop_signals():
+            return run(args)
     except CliError as err:
         print(f"ngramspec {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -359,12 +365,15 @@ def main(argv=None) -> int:
     except DegenerateError as err:
         print(f"ngramspec {args.command}: error: {err}", file=sys.stderr)
         return EXIT_DEGENERATE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        import signal
+
+        signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
         what = ("the input is untouched and no output was written" if len(args.inputs) == 1 else
                 "documents finished so far are written; the others are untouched")
-        print(f"\nngramspec {args.command}: interrupted; {what}. "
+        print(f"\nngramspec {args.command}: interrupted ({signal.Signals(signum).name}); {what}. "
               "Finished chunks are saved: rerun the same command with --resume to continue.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+# The summarize command's default instruction (the CLI's --instruction default reads it here).
+SUMMARIZE_INSTRUCTION = "Summarize the following text in a few sentences."
+
 
 @dataclass(frozen=True)
 class JobSettings:
@@ -99,4 +102,4 @@ class JobSettings:
         return self.max_growth if self.guarded else self.unguarded_growth
 
 
-__all__ = ["JobSettings"]
+__all__ = ["SUMMARIZE_INSTRUCTION", "JobSettings"]
