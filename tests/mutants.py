@@ -7,6 +7,9 @@ must catch it run, the source is restored; every mutant must make them fail.
 The decode-loop mutants (a wrong crop, unmasked holes, positions that count holes, the wrong
 tree columns, no crop after a stop) must fail tests/test_decode.py; a sampler that draws again
 from p after a rejection (so the draft token gets extra mass) must fail tests/test_sampling.py.
+Sessions that propose nothing, and drafts that are all wrong, leave every output exact: they
+must fail each exactness file (test_generate_hook, test_batch, test_decode, test_sampling,
+test_exact_tiny), whose tests assert accepted drafts or say why none can be accepted.
 A mutant counts as caught only when a test fails (pytest's exit status 1 with at least one
 FAILED test and no collection error): a collection error, an interrupted run, a usage error or
 no tests collected (exit status 2-5, or 1 with a collection error, which is what pytest-xdist
@@ -23,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DECODE, VERIFY, WALK = "ngramspec/hf/decode.py", "ngramspec/hf/verify.py", "ngramspec/draft/walk.py"
+EXACTNESS = ("tests/test_generate_hook.py tests/test_batch.py tests/test_decode.py tests/test_sampling.py "
+             "tests/test_exact_tiny.py -m 'not real_model and not slow'")
 # name: (file, original text, mutated text, tests that must fail), or (file, [(original, mutated) or
 # (another file, original, mutated), ...], tests that must fail)
 MUTANTS = {
@@ -50,6 +55,18 @@ MUTANTS = {
     # test's examples have such loops, and only when they reach its "fires" branch.
     "loop stop short periods": ("ngramspec/app/guard.py", "range(1, min(self.max_period, n - 1) + 1)",
                                 "range(1, min(8, n - 1) + 1)", "tests/test_guard.py"),
+    # Exactness that proves nothing: identical output with no draft accepted. Sessions that propose
+    # nothing (every step a plain step), and drafts that are all wrong (the walk finds no draft
+    # token among the target's choices: every draft is rejected at its first token). Every
+    # exactness test must assert accepted drafts, so both must fail each of these files.
+    "no drafts": ("ngramspec/draft/session.py", "        if count == 0:\n", "        if True:  # propose nothing\n",
+                  EXACTNESS),
+    "all wrong drafts": (WALK, [
+        ("        children = {(i - 1, int(token)): i for i, token in enumerate(draft)}\n",
+         "        children = {(i - 1, -1 - int(token)): i for i, token in enumerate(draft)}\n"),
+        ("        children = {(int(parent), int(token)): i for",
+         "        children = {(int(parent), -1 - int(token)): i for"),
+    ], EXACTNESS),
     # A sampler that, after a rejection, draws the position again with a fresh uniform (so the
     # draft token gets extra mass): the redraw in follow(), and uniforms no longer fixed per
     # position (else the redraw would repeat the same draw).
