@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DECODE, VERIFY, WALK = "ngramspec/hf/decode.py", "ngramspec/hf/verify.py", "ngramspec/draft/walk.py"
+FORWARD = "        logits = target.forward(ids, positions, mask, ids.shape[1], visible)  # (A, q, V)\n"
 EXACTNESS = ("tests/test_generate_hook.py tests/test_batch.py tests/test_decode.py tests/test_sampling.py "
              "tests/test_exact_tiny.py -m 'not real_model and not slow'")
 # name: (file, original text, mutated text, tests that must fail), or (file, [(original, mutated) or
@@ -67,6 +68,19 @@ MUTANTS = {
         ("        children = {(int(parent), int(token)): i for",
          "        children = {(int(parent), -1 - int(token)): i for"),
     ], EXACTNESS),
+    # A host-device wait in every step beyond the one that reads the target's choices, of each
+    # kind tests/test_syncs.py must see: boolean-mask indexing, nonzero, torch.equal (each reads
+    # the device to size or decide its result) and a CUDA event waited on.
+    "sync mask index": (DECODE, FORWARD, FORWARD + "        logits[logits > 1e9]  # a boolean mask: a wait\n",
+                        "tests/test_syncs.py"),
+    "sync nonzero": (DECODE, FORWARD, FORWARD + "        torch.nonzero(logits > 1e9)  # a wait\n",
+                     "tests/test_syncs.py"),
+    "sync equal": (DECODE, FORWARD, FORWARD + "        torch.equal(logits, logits)  # a wait\n", "tests/test_syncs.py"),
+    "sync event": ("ngramspec/cost/timer.py", "            end.record()\n",
+                   "            end.record()\n            end.synchronize()  # a wait\n", "tests/test_syncs.py"),
+    # The fuzzer passing any exception of the type plain generate() raises, whatever its message.
+    "fuzz error type only": ("tests/fuzz.py", "if type(ours) is type(plain) and str(ours) == str(plain):",
+                             "if type(ours) is type(plain):", "tests/test_fuzz.py -m 'not slow'"),
     # A sampler that, after a rejection, draws the position again with a fresh uniform (so the
     # draft token gets extra mass): the redraw in follow(), and uniforms no longer fixed per
     # position (else the redraw would repeat the same draw).

@@ -1,7 +1,10 @@
 """Host-device waits per decode step, counted on CPU.
 
 On an accelerator the host waits for the device whenever it reads a device value (``.tolist()``,
-``.item()``, ``bool(t)``, ``nonzero``...) and whenever it uploads host values with a blocking copy
+``.item()``, ``bool(t)``), whenever a result's size or value is read from the device (boolean-mask
+indexing ``t[mask]``, ``nonzero`` and its kin, ``torch.equal``, ``torch.where(condition)``),
+whenever it waits explicitly (``torch.cuda.synchronize()``, ``Event.synchronize()``,
+``Stream.synchronize()``) and whenever it uploads host values with a blocking copy
 (``.to(device)``, ``torch.tensor(..., device=)``, ``t[i] = host_tensor``). A decode step must wait
 exactly once: when it reads the target's choices. :class:`DeviceWaits` counts both kinds, done
 by the package's own code (transformers' are plain generate()'s too), on the path an
@@ -73,6 +76,28 @@ class DeviceWaits:
 
         monkeypatch.setattr(torch.Tensor, "to", to)
         monkeypatch.setattr(torch.Tensor, "__setitem__", setitem)
+        original_getitem = torch.Tensor.__getitem__
+
+        def getitem(tensor, index):
+            at = _caller()
+            if at is not None and any(torch.is_tensor(i) and i.dtype == torch.bool and not _is_host(i)
+                                      for i in (index if isinstance(index, tuple) else (index,))):
+                self.wait(at, "boolean-mask indexing t[mask]")  # the result's size is read from the device
+            return original_getitem(tensor, index)
+
+        monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
+        # Functions whose result's size or value is read from the device: nonzero and its kin,
+        # torch.equal (a Python bool), the single-argument torch.where.
+        for name in ("nonzero", "argwhere", "masked_select", "unique", "equal"):
+            self._patch_function(monkeypatch, torch, name, f"torch.{name}()")
+        self._patch_function(monkeypatch, torch, "where", "torch.where(condition)",
+                             only=lambda args, kwargs: len(args) + len(kwargs) == 1)
+        for name in ("equal", "masked_select", "unique", "argwhere"):
+            self._patch_read(monkeypatch, name)
+        # Explicit waits: the whole device, a stream, an event (counted without a device).
+        for owner, what in ((torch.cuda, "torch.cuda.synchronize()"), (torch.cuda.Event, "Event.synchronize()"),
+                            (torch.cuda.Stream, "Stream.synchronize()")):
+            self._patch_wait(monkeypatch, owner, what)
         for factory in ("tensor", "as_tensor", "rand", "randint", "randn", "from_numpy"):
             self._patch_factory(monkeypatch, factory)
 
@@ -89,6 +114,30 @@ class DeviceWaits:
             return original(tensor, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, read)
+
+    def _patch_wait(self, monkeypatch, owner, what):
+        original = owner.synchronize
+
+        def synchronize(*args, **kwargs):
+            at = _caller()
+            if at is not None:
+                self.wait(at, what)
+                return None  # counted; on a machine without CUDA there is nothing to wait for
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, "synchronize", synchronize)
+
+    def _patch_function(self, monkeypatch, module, name, what, only=lambda args, kwargs: True):
+        original = getattr(module, name)
+
+        def call(*args, **kwargs):
+            at = _caller()
+            tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
+            if at is not None and only(args, kwargs) and any(not _is_host(t) for t in tensors):
+                self.wait(at, what)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, call)
 
     def _patch_factory(self, monkeypatch, name):
         original = getattr(torch, name)
@@ -108,6 +157,41 @@ class DeviceWaits:
 
 def _is_host(tensor) -> bool:
     return getattr(tensor, "_on_host", False)
+
+
+PLANTED_WAITS = {  # code the package might run -> what the counter must report
+    "t[t > 0]": "boolean-mask indexing t[mask]",
+    "t[:, None][t > 0, 0]": "boolean-mask indexing t[mask]",
+    "torch.nonzero(t > 0)": "torch.nonzero()",
+    "(t > 0).nonzero()": ".nonzero()",
+    "torch.argwhere(t > 0)": "torch.argwhere()",
+    "torch.where(t > 0)": "torch.where(condition)",
+    "torch.masked_select(t, t > 0)": "torch.masked_select()",
+    "torch.equal(t, t)": "torch.equal()",
+    "t.equal(t)": ".equal()",
+    "torch.unique(t)": "torch.unique()",
+    "torch.cuda.synchronize()": "torch.cuda.synchronize()",
+    "torch.cuda.Event.synchronize(event)": "Event.synchronize()",
+    "torch.cuda.Stream.synchronize(event)": "Stream.synchronize()",
+    "t.tolist()": ".tolist()",
+    "bool(t[0])": ".__bool__()",
+}
+
+
+@pytest.mark.parametrize("code", list(PLANTED_WAITS))
+def test_the_counter_sees_every_kind_of_wait(monkeypatch, code):
+    """The counter itself: each kind of wait, planted in code that runs as the package's (compiled
+    under a package file's name), is reported once; the same code run outside the package is not."""
+    scope = {"torch": torch, "event": object()}
+    exec(compile(f"def plant(t):\n    return {code}\n", f"{PACKAGE}/hf/decode.py", "exec"), scope)
+    exec(f"def outside(t):\n    return {code}\n", scope)
+    waits = DeviceWaits(monkeypatch)
+    scope["plant"](torch.tensor([-1.0, 2.0, 3.0]))  # made here, outside the package: a device value
+    assert [w.split(" ", 1)[1] for w in waits.where] == [PLANTED_WAITS[code]], waits.where
+    waits.where.clear()
+    if "synchronize" not in code:  # outside the package it is the real call: without CUDA it raises
+        scope["outside"](torch.tensor([-1.0, 2.0, 3.0]))
+    assert waits.where == [], "code outside the package counted"
 
 
 def waits_per_forward(model, waits: DeviceWaits, **kwargs) -> tuple[list[list[str]], NgramSpeculator]:
