@@ -59,8 +59,10 @@ class DeviceWaits:
         def to(tensor, *args, **kwargs):
             result = original_to(tensor, *args, **kwargs)
             at = _caller()
+            if at is None:  # not the package's call (and maybe with arguments _parse_to does not take)
+                return result
             device, _, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-            if at is not None and device is not None and _is_host(tensor):
+            if device is not None and _is_host(tensor):
                 if not non_blocking:
                     self.wait(at, "blocking upload .to(device)")
                 if result is tensor:  # on CPU the "upload" is the tensor itself: now a device value
@@ -318,3 +320,38 @@ def test_online_cost_model_times_every_forward_without_a_wait(tiny_model, monkey
     assert spec.cost_model.observations == len(online) - 1, "a timed forward never reached the cost model"
     assert [len(w) for w in fixed] == [1] * len(fixed)
     assert [len(w) for w in online] == [1] * len(online), f"timing added waits: {[w for w in online if len(w) != 1]}"
+
+
+@pytest.mark.parametrize("extra", [{}, dict(do_sample=True, top_k=5, repetition_penalty=1.3)])
+@pytest.mark.parametrize("branches", [1, 3])
+def test_the_cuda_sync_rule_holds_on_the_emulated_device(tiny_model, monkeypatch, extra, branches):
+    """tests/test_cuda.py's rule (one sync between forwards, only the named set-up syncs) run on
+    CPU: this counter's waits are raised as the warnings CUDA's sync debug mode gives, so that
+    the rule's own bookkeeping (forward windows, whose frame a sync comes from) is checked
+    without a GPU."""
+    import warnings
+
+    import test_cuda
+
+    monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: True)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    waits = DeviceWaits(monkeypatch)
+    count = waits.wait
+
+    def wait(at: str, what: str) -> None:
+        count(at, what)
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=2)
+
+    monkeypatch.setattr(waits, "wait", wait)
+    prompt = test_cuda.random_prompt
+
+    class OnDevice:  # the prompt's .cuda() gives the CPU tensor
+        def __init__(self, *args):
+            self.ids = prompt(*args)
+
+        def cuda(self):
+            return self.ids
+
+    monkeypatch.setattr(test_cuda, "random_prompt", OnDevice)
+    test_cuda.test_one_sync_per_step(tiny_model, extra, branches)
+    assert any("verify.py" in w for w in waits.where), "no wait counted: the rule was checked on nothing"
