@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DECODE, VERIFY, WALK = "ngramspec/hf/decode.py", "ngramspec/hf/verify.py", "ngramspec/draft/walk.py"
 FORWARD = "        logits = target.forward(ids, positions, mask, ids.shape[1], visible)  # (A, q, V)\n"
+RETURN_DRAFTS = "        self.propose_seconds += self._last_end - started\n        return drafts\n"
 EXACTNESS = ("tests/test_generate_hook.py tests/test_batch.py tests/test_decode.py tests/test_sampling.py "
              "tests/test_exact_tiny.py -m 'not real_model and not slow'")
 # name: (file, original text, mutated text, tests that must fail), or (file, [(original, mutated) or
@@ -81,6 +82,10 @@ MUTANTS = {
     # The fuzzer passing any exception of the type plain generate() raises, whatever its message.
     "fuzz error type only": ("tests/fuzz.py", "if type(ours) is type(plain) and str(ours) == str(plain):",
                              "if type(ours) is type(plain):", "tests/test_fuzz.py -m 'not slow'"),
+    # The vLLM drafter handing each row the next row's draft (needs .venv-vllm: make test-vllm).
+    "vllm rows": ("ngramspec/vllm/proposer.py", RETURN_DRAFTS,
+                  RETURN_DRAFTS.replace("drafts\n", "drafts[1:] + drafts[:1]\n"),
+                  "tests/with_vllm/test_vllm_sampling_inputs.py"),
     # A sampler that, after a rejection, draws the position again with a fresh uniform (so the
     # draft token gets extra mass): the redraw in follow(), and uniforms no longer fixed per
     # position (else the redraw would repeat the same draw).
@@ -138,6 +143,17 @@ def verdict(returncode: int, stdout: str, files: tuple[str, ...] = ()) -> str:
     return f"BROKEN (pytest exit status {returncode}{', a collection error' if collection_error else ''})"
 
 
+def needs_missing_vllm(name: str) -> bool:
+    """A mutant whose tests run only inside vLLM (tests/with_vllm), where vLLM is not installed
+    (run it with .venv-vllm/bin/python)."""
+    import importlib.util
+
+    return "tests/with_vllm/" in MUTANTS[name][-1] and importlib.util.find_spec("vllm") is None
+
+
 if __name__ == "__main__":
     names = sys.argv[1:] or list(MUTANTS)
+    for name in [n for n in names if needs_missing_vllm(n)]:
+        print(f"{name}: not run (its tests need vLLM: .venv-vllm/bin/python tests/mutants.py {name!r})")
+        names.remove(name)
     sys.exit(0 if all([run(name) for name in names]) else 1)
