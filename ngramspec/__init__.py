@@ -11,33 +11,34 @@ Importing the package changes nothing in transformers. :func:`install` (idempote
 ``ngram_speculator=``; calls without it behave exactly as before, and :func:`uninstall` puts
 transformers' own ``generate`` back. ``model.generate(ids, custom_generate=ngram_generate,
 ngram_speculator=spec)`` needs no install. Nothing in ``ngramspec.vllm`` installs.
+
+The public names load on first use (a module ``__getattr__``), so ``import ngramspec.draft``
+(the drafter, as a vLLM worker or the replayer imports it) loads neither torch nor transformers
+(``tests/test_layers.py`` checks that in a fresh interpreter), and the command's usage errors
+come before torch loads.
 """
 
+from __future__ import annotations
+
 import importlib
-
-# The public names, imported on first use (PEP 562): `import ngramspec` and the command's usage
-# errors stay quick, without loading torch and transformers before they are needed.
-_WHERE = {
-    "SpeculatorConfig": ".draft.config", "DecodeStats": ".draft.metrics", "Draft": ".draft.proposal",
-    "SpeculationSession": ".draft.session", "NgramSpeculator": ".draft.speculator",
-    "UnsupportedGenerationError": ".hf.checks", "install": ".hf.hook", "ngram_generate": ".hf.hook",
-    "uninstall": ".hf.hook", "ModelNotFoundError": ".hf.models", "load_model": ".hf.models",
-}
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_WHERE))
-
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"  # the only place the version is declared: pyproject.toml reads it
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "DecodeStats": ".draft.metrics",
+    "Draft": ".draft.proposal",
+    "ModelNotFoundError": ".hf.models",
+    "NgramSpeculator": ".draft.speculator",
+    "SpeculationSession": ".draft.session",
+    "SpeculatorConfig": ".draft.config",
+    "UnsupportedGenerationError": ".hf.checks",
+    "install": ".hf.hook",
+    "load_model": ".hf.models",
+    "ngram_generate": ".hf.hook",
+    "uninstall": ".hf.hook",
+}
 
 __all__ = [
     "DecodeStats",
@@ -52,3 +53,28 @@ __all__ = [
     "ngram_generate",
     "uninstall",
 ]
+assert sorted(_PUBLIC) == __all__
+
+if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
+    from .draft.config import SpeculatorConfig
+    from .draft.metrics import DecodeStats
+    from .draft.proposal import Draft
+    from .draft.session import SpeculationSession
+    from .draft.speculator import NgramSpeculator
+    from .hf.checks import UnsupportedGenerationError
+    from .hf.hook import install, ngram_generate, uninstall
+    from .hf.models import ModelNotFoundError, load_model
+
+
+def __getattr__(name: str):
+    """Loads a public name's module on first use and keeps the name here."""
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

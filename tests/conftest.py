@@ -132,6 +132,23 @@ def call_main(main, args: list[str], capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def assert_accepted(stats, at_least: int = 1) -> int:
+    """An exactness test's proof that it exercised verification: at least ``at_least`` draft
+    tokens were accepted. An output identical to plain decoding with no accepted draft proves
+    nothing (tests/mutants.py's "no drafts" and "all wrong drafts" pass every such test).
+    ``stats``: a speculator (its last call, every row), one DecodeStats or a list of them.
+    Returns the count."""
+    if hasattr(stats, "last_stats"):
+        stats = stats.last_stats
+    stats = stats if isinstance(stats, (list, tuple)) else [stats]
+    accepted = sum(s.accepted_tokens for s in stats)
+    drafted = sum(s.drafted_tokens for s in stats)
+    assert accepted >= at_least, (
+        f"{accepted} of {drafted} drafted tokens accepted, at least {at_least} wanted: an output equal to plain "
+        "decoding without accepted drafts does not test verification")
+    return accepted
+
+
 def plain_generate(model, ids, **kwargs):
     """transformers' own generate, bypassing the ngramspec wrapper entirely."""
     from transformers import GenerationMixin

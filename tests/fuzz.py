@@ -41,8 +41,8 @@ Checks:
   processor in a batch; about 3% of cases; and a batch with stop strings or a user stop but
   no EOS id) must raise UnsupportedGenerationError.
 
-Each mismatch (an exception too, unless plain generate() raises the same type on the same
-request, or a validity failure) prints one line that reproduces it. With
+Each mismatch (an exception too, unless plain generate() raises the same type with the same
+message on the same request, or a validity failure) prints one line that reproduces it. With
 verify_cost=None the online cost model times forwards, so draft sizes (never the greedy
 output) may differ between runs of the same case. ``--inject-fault`` makes the verifier keep
 the first rejected draft token of each case (a wrong token emitted), to show that the runner
@@ -423,7 +423,7 @@ def validity_problem(case: dict, kw: dict, ids, out) -> str | None:
 
 def run_case(seed: int, index: int, fault: bool = False) -> tuple[str | None, dict, dict]:
     """-> (problem or None, the case, draft totals). Exceptions are problems too, unless plain
-    generate() raises the same exception type on the same request."""
+    generate() raises the same exception, type and message, on the same request."""
     case = draw_case(seed, index)
     totals = dict(drafted=0, accepted=0, rule_breaks=0)
     try:
@@ -443,9 +443,18 @@ def run_case(seed: int, index: int, fault: bool = False) -> tuple[str | None, di
     return None, case, totals
 
 
+def error_mismatch(ours: Exception, plain: Exception) -> str | None:
+    """None when the speculator failed as plain generate() did on the same request: the same
+    exception type with the same message (the same condition raised it); else the problem."""
+    if type(ours) is type(plain) and str(ours) == str(plain):
+        return None
+    return f"{_error_line(ours)}, but plain generate() raised {_error_line(plain)}"
+
+
 def _error_line(error: Exception) -> str:
-    where = traceback.extract_tb(error.__traceback__)[-1]
-    return f"{type(error).__name__}: {error} (at {Path(where.filename).name}:{where.lineno})"
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
 
 
 def _compare(case: dict, model, spec, rows: list[list[int]], torch_seed: int, fault: bool, totals: dict):
@@ -476,8 +485,8 @@ def _compare(case: dict, model, spec, rows: list[list[int]], torch_seed: int, fa
         try:  # e.g. sampling from a row whose every token is banned: plain generate() fails alike
             torch.manual_seed(torch_seed)
             plain_generate(model, ids, **kw)
-        except type(error):
-            return None
+        except Exception as plain_error:
+            return error_mismatch(error, plain_error)
         return _error_line(error) + " (plain generate() does not raise)"
     for s in spec.last_row_stats:
         totals["drafted"] += s.drafted_tokens

@@ -15,6 +15,8 @@ import torch
 from ngramspec import NgramSpeculator
 from ngramspec.hf.decode import Options, StopRule, _maybe_compact, speculative_decode
 
+from conftest import assert_accepted
+
 V = 16
 EOS = 1
 FLAT = ((1, 1.0), (512, 1.0))  # every draft pays: long drafts, many rejections
@@ -135,6 +137,7 @@ def test_rows_leave_the_batch_when_they_stop():
     assert len(new[1]) <= 5 < max(len(n) for n in new), "no row left the batch before the others"
     assert any(rows is not None for rows, _ in target.gathers)
     assert run(prompts, width + 40, eos=eos, max_draft_tokens=4)[0] == new
+    assert_accepted(result.stats)
 
 
 def test_eos_inside_an_accepted_draft_ends_there():
@@ -146,6 +149,7 @@ def test_eos_inside_an_accepted_draft_ends_there():
     assert spec_new == expected[: first + 1]
     assert result.stats[0].stop_reason == "eos"
     assert len(target.cache[0]) == len(prompt) + len(spec_new) - 1  # cut tokens were cropped
+    assert result.stats[0].accepted_per_step[-1] > 0, "the EOS did not come inside an accepted draft"
 
 
 def _run_with_eos(prompt, max_length, eos_token):
@@ -163,12 +167,17 @@ def test_max_length_is_met_exactly(max_new):
     (new,), result, _ = run([prompt], len(prompt) + max_new)
     assert new == plain(prompt, len(prompt) + max_new) and len(new) == max_new
     assert result.stats[0].stop_reason == "max_length"
+    if max_new > 2:
+        assert_accepted(result.stats)
+    else:  # the prefill emits the first token, and a draft would leave the next step no room for its own
+        assert result.stats[0].drafted_tokens == 0
 
 
 def test_a_crop_only_cache_works_for_one_row():
     (prompt,) = prompts_of(5, 1)
-    (new,), _, target = run([prompt], len(prompt) + 60, target=FakeTarget(1, can_gather=False))
+    (new,), result, target = run([prompt], len(prompt) + 60, target=FakeTarget(1, can_gather=False))
     assert new == plain(prompt, len(prompt) + 60) and not target.gathers
+    assert_accepted(result.stats)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -177,6 +186,7 @@ def test_token_trees_equal_plain_decoding_and_select_branch_columns(seed):
     prompt = prompt + prompt[::-1] + prompt  # repeats with different continuations: branches
     (new,), result, target = run([prompt], len(prompt) + 80, trees=True, tree_branches=3)
     assert new == plain(prompt, len(prompt) + 80)
+    assert_accepted(result.stats)
     assert len(target.cache[0]) == len(prompt) + len(new) - 1
 
 

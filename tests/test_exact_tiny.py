@@ -8,7 +8,7 @@ from ngramspec import NgramSpeculator
 from ngramspec.draft.proposal import Draft
 from ngramspec.draft.session import SpeculationSession
 
-from conftest import plain_generate, tiny_llama
+from conftest import assert_accepted, plain_generate, tiny_llama
 
 
 def random_prompt(rng, vocab, length):
@@ -31,6 +31,7 @@ CASES = [
 def test_random_prompts_settings_and_lengths(tiny_model, seed, case):
     rng = np.random.default_rng(100 * case + seed)
     spec = NgramSpeculator(**CASES[case])
+    runs = []
     for _ in range(3):
         ids = random_prompt(rng, tiny_model.config.vocab_size, int(rng.integers(1, 60)))
         max_new = int(rng.integers(1, 80))
@@ -40,6 +41,8 @@ def test_random_prompts_settings_and_lengths(tiny_model, seed, case):
         stats = spec.last_stats
         assert stats.new_tokens == got.shape[1] - ids.shape[1] <= max_new
         assert stats.target_forwards <= stats.new_tokens
+        runs.append(stats)
+    assert_accepted(runs)
 
 
 @pytest.mark.parametrize("case", range(len(CASES) - 1))
@@ -98,6 +101,10 @@ def test_fully_accepted_rejected_and_partial_drafts(tiny_model, mode, max_new):
     if mode == "wrong" and max_new > 2:
         assert s.accepted_tokens == 0 and s.drafted_tokens > 0  # every draft fully rejected
         assert s.target_forwards == max_new
+    if mode == "half" and max_new > 2:
+        assert 0 < s.accepted_tokens < s.drafted_tokens  # every draft kept up to its wrong half
+    if max_new <= 2:  # the prefill emits the first token; a draft would leave the step no room for its own
+        assert s.drafted_tokens == 0
 
 
 @pytest.mark.parametrize("eos_offset", [1, 3, 5])
@@ -117,15 +124,19 @@ def test_eos_inside_accepted_draft_stops_there(tiny_model, eos_offset):
 def test_several_eos_ids_and_max_length(tiny_model):
     ids = torch.tensor([[0, 4, 4, 7, 4, 4]])
     reference = plain_generate(tiny_model, ids, max_new_tokens=30, do_sample=False)[0, ids.shape[1] :].tolist()
-    eos_ids = [reference[4], 39]
+    # the EOS ids: a token that first appears after 10 tokens (so drafts come before it) and one never produced
+    eos_ids = [next(t for i, t in enumerate(reference) if i >= 10 and t not in reference[:i]), 39]
     expected = plain_generate(tiny_model, ids, max_new_tokens=30, do_sample=False, eos_token_id=eos_ids)
     spec = NgramSpeculator()
     got = tiny_model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=eos_ids, ngram_speculator=spec)
     assert got.tolist() == expected.tolist()
+    assert_accepted(spec)
     for max_length in (7, 8, 20):  # max_length counts the prompt, as in transformers
         expected = plain_generate(tiny_model, ids, max_length=max_length, do_sample=False)
         got = tiny_model.generate(ids, max_length=max_length, do_sample=False, ngram_speculator=spec)
         assert got.tolist() == expected.tolist() and got.shape[1] == max_length
+        if max_length - ids.shape[1] > 2:  # with 1 or 2 new tokens there is no room for a draft
+            assert_accepted(spec)
 
 
 def test_left_padded_prompt_with_attention_mask(tiny_model):
@@ -148,6 +159,7 @@ def test_other_vocab_sizes_and_float32(seed):
         expected = plain_generate(model, ids, max_new_tokens=60, do_sample=False)
         got = model.generate(ids, max_new_tokens=60, do_sample=False, ngram_speculator=spec)
         assert got.tolist() == expected.tolist()
+        assert_accepted(spec)
 
 
 def _tiny(arch: str):
@@ -203,3 +215,4 @@ def test_speculation_switches_off_when_it_does_not_pay(tiny_model):
     got = tiny_model.generate(ids, max_new_tokens=60, eos_token_id=None, ngram_speculator=flat)
     assert got.tolist() == expected.tolist()
     assert flat.last_stats.drafted_tokens > 0 and flat.last_stats.declined_steps == 0
+    assert_accepted(flat)

@@ -35,3 +35,27 @@ def test_one_case_is_reproducible_alone(capsys):
     assert fuzz.draw_case(3, 7) == fuzz.draw_case(3, 7) != fuzz.draw_case(3, 8)
     assert fuzz.main(["--cases", "1", "--seed", "3", "--case", "7", "--quiet"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "1 cases, 0 mismatches"
+
+
+def test_an_exception_passes_only_as_plain_generate_s_own(monkeypatch):
+    """Where the speculator raises, plain generate() on the same request must raise the same
+    exception: the same type and the same message (the same condition), not just the type."""
+    assert fuzz.error_mismatch(ValueError("row 0 has no token left"), ValueError("row 0 has no token left")) is None
+    problem = fuzz.error_mismatch(ValueError("x"), ValueError("another"))
+    assert problem == "ValueError: x, but plain generate() raised ValueError: another"
+    assert fuzz.error_mismatch(ValueError("x"), TypeError("x"))
+    # In a case: the speculator's step fails with a message plain generate()'s failure does not share.
+    from ngramspec.hf import verify
+
+    def fails(message):
+        def raising(*args, **kwargs):
+            raise RuntimeError(message)
+        return raising
+
+    index = next(k for k in range(100) if not fuzz.draw_case(0, k)["extras"]["refused"])
+    monkeypatch.setattr(verify, "verify_step", fails("probability tensor contains inf"))
+    monkeypatch.setattr(fuzz, "plain_generate", fails("probability tensor contains inf"))
+    assert fuzz.run_case(0, index)[0] is None  # the same failure as plain generate()'s: no mismatch
+    monkeypatch.setattr(fuzz, "plain_generate", fails("CUDA out of memory"))
+    problem = fuzz.run_case(0, index)[0]
+    assert problem and "probability tensor contains inf" in problem and "CUDA out of memory" in problem, problem

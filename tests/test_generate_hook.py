@@ -13,7 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 import ngramspec
 from ngramspec import NgramSpeculator
 
-from conftest import PROCESSOR_CASES, plain_generate
+from conftest import PROCESSOR_CASES, assert_accepted, plain_generate
 
 IDS = torch.tensor([[0, 5, 9, 13, 5, 9, 21, 5, 9]])
 
@@ -125,6 +125,7 @@ def test_model_from_pretrained_folder(tiny_model, tmp_path):
     spec = NgramSpeculator()
     got = model.generate(IDS, max_new_tokens=40, ngram_speculator=spec)
     assert got.tolist() == plain_generate(tiny_model, IDS, max_new_tokens=40).tolist()
+    assert_accepted(spec)
 
 
 class Recorder(BaseStreamer):
@@ -159,6 +160,7 @@ def test_return_dict_scores_and_logits_match_plain(tiny_model, verify_mode):
     for ours, theirs in zip(got.scores + got.logits, expected.scores + expected.logits):
         torch.testing.assert_close(ours, theirs.to(ours.dtype), rtol=1e-9, atol=1e-9)
     assert got.cache.get_seq_length() == got.sequences.shape[1] - 1  # all but the last token
+    assert_accepted(spec)
 
 
 @pytest.mark.parametrize("processor_kwargs", PROCESSOR_CASES)
@@ -167,6 +169,12 @@ def test_logits_processors_see_the_right_prefix(tiny_model, processor_kwargs, ve
     spec = NgramSpeculator()
     got = tiny_model.generate(IDS, max_new_tokens=50, ngram_speculator=spec, **processor_kwargs)
     assert got.tolist() == expected.tolist()
+    if processor_kwargs.get("no_repeat_ngram_size") == 2:
+        # Every draft continues a copied n-gram: its first token repeats the bigram (last token,
+        # next token) that the processor bans, so none can be accepted. Drafts are still verified.
+        assert spec.last_stats.accepted_tokens == 0 < spec.last_stats.drafted_tokens
+    else:
+        assert_accepted(spec)
 
 
 class StopAfterToken(StoppingCriteria):
@@ -186,6 +194,7 @@ def test_user_stopping_criteria_inside_draft(tiny_model):
     got = tiny_model.generate(IDS, max_new_tokens=60, stopping_criteria=criteria, ngram_speculator=spec)
     assert got.tolist() == expected.tolist() and got[0, -1].item() == token
     assert spec.last_stats.stop_reason == "criteria"
+    assert_accepted(spec)
 
 
 def test_static_cache(tiny_model):

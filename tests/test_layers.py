@@ -1,4 +1,5 @@
-"""The package's layers, read from the source with ``ast`` (nothing is imported).
+"""The package's layers, read from the source with ``ast`` (nothing is imported, but for one test
+that imports the host-only layers in a fresh interpreter).
 
 ngramspec/ is six folders in five layers, lowest first: util, cost, draft, then hf and vllm side
 by side, then app (each folder's ``__init__`` says what it owns and may import). A module may
@@ -13,6 +14,8 @@ MAX_LINES lines.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,3 +193,25 @@ def test_the_check_reads_the_imports_it_must(tmp_path):
 def test_each_folder_says_what_it_owns(folder):
     doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))
     assert doc and doc.startswith("Layer ") and "Owns" in doc and "May import" in doc
+
+
+def test_the_drafter_loads_without_torch():
+    """The static check above cannot see the run time: a package ``__init__`` that imports hf/
+    eagerly loads torch and transformers with ``import ngramspec.draft``. A fresh interpreter
+    imports ``ngramspec.draft``, then every module of the host-only folders, and neither torch
+    nor transformers may be in ``sys.modules`` after either."""
+    script = (
+        "import importlib, pkgutil, sys\n"
+        f"sys.path.insert(0, {str(PACKAGE.parent)!r})\n"
+        "heavy = ('torch', 'transformers')\n"
+        "import ngramspec.draft\n"
+        "assert ngramspec.__file__.startswith(sys.path[0]), ngramspec.__file__\n"
+        "print('draft', [m for m in heavy if m in sys.modules])\n"
+        f"for folder in {sorted(HOST_ONLY)!r}:\n"
+        "    for found in pkgutil.iter_modules([ngramspec.__path__[0] + '/' + folder]):\n"
+        "        importlib.import_module(f'ngramspec.{folder}.{found.name}')\n"
+        "print('all', [m for m in heavy if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["draft []", "all []"], done.stdout

@@ -27,6 +27,7 @@ from eval.__main__ import COMMANDS
 from eval.__main__ import build_parser as eval_parser
 from eval.methods import KINDS, parse_method, parse_methods
 from ngramspec.app.cli import build_parser as cli_parser
+from ngramspec.draft import config as config_module
 from ngramspec.draft.config import SpeculatorConfig, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,9 +101,22 @@ EVAL = {name: parser_options(subparsers(eval_parser(name))[name]) for name in CO
 
 
 def literal(text: str):
-    if text.endswith("()"):  # a sub-config at its defaults, such as CostModelTuning()
-        return next(f.default for f in dataclasses.fields(SpeculatorConfig) if type(f.default).__name__ == text[:-2])
+    """The value a README quote names: a Python literal, or ``Name()``, a sub-config class built
+    at its own defaults (so the config's default is compared with a fresh instance, not with
+    itself)."""
+    if re.fullmatch(r"[A-Z]\w*\(\)", text):  # a sub-config at its defaults, such as CostModelTuning()
+        declared = getattr(config_module, text[:-2], None)
+        assert dataclasses.is_dataclass(declared), f"README names {text}: no such sub-config class in draft/config"
+        return declared()
     return None if text == "None" else ast.literal_eval(text)
+
+
+def nested_default(name: str):
+    """The code's default of a dotted sub-config setting, ``cost_tuning.window``."""
+    group, _, field = name.partition(".")
+    assert group in FIELDS and dataclasses.is_dataclass(FIELDS[group]), f"{name}: {group!r} is no sub-config field"
+    assert field in {f.name for f in dataclasses.fields(FIELDS[group])}, f"{name}: no such setting of {group}"
+    return getattr(FIELDS[group], field)
 
 
 # -- the settings --------------------------------------------------------------------------------
@@ -121,13 +135,29 @@ def test_settings_table_lists_every_field_with_its_default():
         assert literal(default) == FIELDS[name], f"README says {name} defaults to {default}, the code {FIELDS[name]!r}"
 
 
+def test_settings_table_quotes_the_nested_defaults():
+    """A sub-config's row quotes some of its settings as `group.name=value`: each is that
+    setting's default (and a setting of that group)."""
+    quoted = re.findall(r"^\| `(\w+)` \| `\w+\(\)` \|(.*)$", section(readme(), "Settings"), flags=re.M)
+    assert quoted, "no sub-config row (`| `name` | `Class()` | ... |`) in the Settings table"
+    checked = 0
+    for group, meaning in quoted:
+        for name, value in re.findall(r"`(\w+\.\w+)=([^`]+)`", meaning):
+            assert name.startswith(group + "."), f"the {group} row quotes {name}"
+            assert literal(value) == nested_default(name), f"README: {name}={value}; code: {nested_default(name)!r}"
+            checked += 1
+    assert checked, "no `group.name=value` default quoted in the sub-config rows"
+
+
 def test_defaults_quoted_in_prose_are_the_code_defaults():
     text = readme()
-    quoted = [(m.group(1), m.group(2)) for m in re.finditer(r"(?<!previous )defaults? \(?`(\w+)=([^`]+)`", text)]
+    quoted = [(m.group(1), m.group(2))
+              for m in re.finditer(r"(?<!previous )defaults? \(?`(\w+(?:\.\w+)?)=([^`]+)`", text)]
     assert quoted, "no `default name=value` quote found: the pattern no longer matches the README"
     for name, value in quoted:
-        assert name in FIELDS, f"README quotes a default for {name!r}, which is no SpeculatorConfig field"
-        assert literal(value) == FIELDS[name], f"README: default {name}={value}; code: {FIELDS[name]!r}"
+        assert name in FIELDS or "." in name, f"README quotes a default for {name!r}: no SpeculatorConfig field"
+        code = nested_default(name) if "." in name else FIELDS[name]  # a sub-config's setting: cost_tuning.window
+        assert literal(value) == code, f"README: default {name}={value}; code: {code!r}"
     flags = re.findall(r"`(--[\w-]+)` \((?:default:? )?([\d.]+)[;,)]", text)
     assert flags, "no `--flag` (default X) quote found: the pattern no longer matches the README"
     for flag, value in flags:
@@ -142,11 +172,11 @@ def test_quoted_settings_are_real_knobs_with_valid_values():
     checked = 0
     for span in inline_spans(readme()):
         span = re.sub(r"^NGRAMSPEC_SETTINGS=\"(.*)\"$", r"\1", span)
-        match = re.fullmatch(r"([a-z]\w*)=(\S+)", span)
+        match = re.fullmatch(r"([a-z]\w*(?:\.\w+)?)=(\S+)", span)
         if not match or "..." in span:
             continue
         name = match.group(1)
-        if name in FIELDS:
+        if name in FIELDS or name.partition(".")[0] in FIELDS:  # a field, or a sub-config's: cost_tuning.window
             value = match.group(2)
             if value != "None" and not value.startswith("(("):
                 parse_config(span)  # unknown names and bad values raise

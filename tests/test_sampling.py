@@ -35,7 +35,7 @@ from transformers import (
 
 from ngramspec import NgramSpeculator
 
-from conftest import plain_generate
+from conftest import assert_accepted, plain_generate
 
 VOCAB, NEW, N, ALPHA = 6, 3, 3000, 1e-3
 PROMPT = torch.tensor([[0, 2, 3, 4, 2, 3, 4, 2, 3]])
@@ -204,6 +204,7 @@ def test_seeded_sampling_is_reproducible(model):
         torch.manual_seed(123)
         out = model.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=1.2, ngram_speculator=spec)
         runs.append(out.tolist())
+        assert_accepted(spec)  # else both runs were plain sampling
     assert runs[0] == runs[1]
 
 
@@ -289,9 +290,10 @@ def test_seeded_batched_sampling_is_reproducible(model):
     for _ in range(2):
         torch.manual_seed(7)
         ids = torch.cat([PROMPT, PROMPT]).clone()
-        out = model.generate(ids, max_new_tokens=15, do_sample=True, num_return_sequences=3,
-                             ngram_speculator=NgramSpeculator(min_n=1))
+        spec = NgramSpeculator(min_n=1)
+        out = model.generate(ids, max_new_tokens=15, do_sample=True, num_return_sequences=3, ngram_speculator=spec)
         runs.append(out.tolist())
+        assert_accepted(spec)  # else both runs were plain sampling
     assert runs[0] == runs[1] and len(runs[0]) == 6
 
 

@@ -1,7 +1,10 @@
 """Host-device waits per decode step, counted on CPU.
 
 On an accelerator the host waits for the device whenever it reads a device value (``.tolist()``,
-``.item()``, ``bool(t)``, ``nonzero``...) and whenever it uploads host values with a blocking copy
+``.item()``, ``bool(t)``), whenever a result's size or value is read from the device (boolean-mask
+indexing ``t[mask]``, ``nonzero`` and its kin, ``torch.equal``, ``torch.where(condition)``),
+whenever it waits explicitly (``torch.cuda.synchronize()``, ``Event.synchronize()``,
+``Stream.synchronize()``) and whenever it uploads host values with a blocking copy
 (``.to(device)``, ``torch.tensor(..., device=)``, ``t[i] = host_tensor``). A decode step must wait
 exactly once: when it reads the target's choices. :class:`DeviceWaits` counts both kinds, done
 by the package's own code (transformers' are plain generate()'s too), on the path an
@@ -56,8 +59,10 @@ class DeviceWaits:
         def to(tensor, *args, **kwargs):
             result = original_to(tensor, *args, **kwargs)
             at = _caller()
+            if at is None:  # not the package's call (and maybe with arguments _parse_to does not take)
+                return result
             device, _, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-            if at is not None and device is not None and _is_host(tensor):
+            if device is not None and _is_host(tensor):
                 if not non_blocking:
                     self.wait(at, "blocking upload .to(device)")
                 if result is tensor:  # on CPU the "upload" is the tensor itself: now a device value
@@ -73,6 +78,28 @@ class DeviceWaits:
 
         monkeypatch.setattr(torch.Tensor, "to", to)
         monkeypatch.setattr(torch.Tensor, "__setitem__", setitem)
+        original_getitem = torch.Tensor.__getitem__
+
+        def getitem(tensor, index):
+            at = _caller()
+            if at is not None and any(torch.is_tensor(i) and i.dtype == torch.bool and not _is_host(i)
+                                      for i in (index if isinstance(index, tuple) else (index,))):
+                self.wait(at, "boolean-mask indexing t[mask]")  # the result's size is read from the device
+            return original_getitem(tensor, index)
+
+        monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
+        # Functions whose result's size or value is read from the device: nonzero and its kin,
+        # torch.equal (a Python bool), the single-argument torch.where.
+        for name in ("nonzero", "argwhere", "masked_select", "unique", "equal"):
+            self._patch_function(monkeypatch, torch, name, f"torch.{name}()")
+        self._patch_function(monkeypatch, torch, "where", "torch.where(condition)",
+                             only=lambda args, kwargs: len(args) + len(kwargs) == 1)
+        for name in ("equal", "masked_select", "unique", "argwhere"):
+            self._patch_read(monkeypatch, name)
+        # Explicit waits: the whole device, a stream, an event (counted without a device).
+        for owner, what in ((torch.cuda, "torch.cuda.synchronize()"), (torch.cuda.Event, "Event.synchronize()"),
+                            (torch.cuda.Stream, "Stream.synchronize()")):
+            self._patch_wait(monkeypatch, owner, what)
         for factory in ("tensor", "as_tensor", "rand", "randint", "randn", "from_numpy"):
             self._patch_factory(monkeypatch, factory)
 
@@ -89,6 +116,30 @@ class DeviceWaits:
             return original(tensor, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, read)
+
+    def _patch_wait(self, monkeypatch, owner, what):
+        original = owner.synchronize
+
+        def synchronize(*args, **kwargs):
+            at = _caller()
+            if at is not None:
+                self.wait(at, what)
+                return None  # counted; on a machine without CUDA there is nothing to wait for
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, "synchronize", synchronize)
+
+    def _patch_function(self, monkeypatch, module, name, what, only=lambda args, kwargs: True):
+        original = getattr(module, name)
+
+        def call(*args, **kwargs):
+            at = _caller()
+            tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
+            if at is not None and only(args, kwargs) and any(not _is_host(t) for t in tensors):
+                self.wait(at, what)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, call)
 
     def _patch_factory(self, monkeypatch, name):
         original = getattr(torch, name)
@@ -108,6 +159,41 @@ class DeviceWaits:
 
 def _is_host(tensor) -> bool:
     return getattr(tensor, "_on_host", False)
+
+
+PLANTED_WAITS = {  # code the package might run -> what the counter must report
+    "t[t > 0]": "boolean-mask indexing t[mask]",
+    "t[:, None][t > 0, 0]": "boolean-mask indexing t[mask]",
+    "torch.nonzero(t > 0)": "torch.nonzero()",
+    "(t > 0).nonzero()": ".nonzero()",
+    "torch.argwhere(t > 0)": "torch.argwhere()",
+    "torch.where(t > 0)": "torch.where(condition)",
+    "torch.masked_select(t, t > 0)": "torch.masked_select()",
+    "torch.equal(t, t)": "torch.equal()",
+    "t.equal(t)": ".equal()",
+    "torch.unique(t)": "torch.unique()",
+    "torch.cuda.synchronize()": "torch.cuda.synchronize()",
+    "torch.cuda.Event.synchronize(event)": "Event.synchronize()",
+    "torch.cuda.Stream.synchronize(event)": "Stream.synchronize()",
+    "t.tolist()": ".tolist()",
+    "bool(t[0])": ".__bool__()",
+}
+
+
+@pytest.mark.parametrize("code", list(PLANTED_WAITS))
+def test_the_counter_sees_every_kind_of_wait(monkeypatch, code):
+    """The counter itself: each kind of wait, planted in code that runs as the package's (compiled
+    under a package file's name), is reported once; the same code run outside the package is not."""
+    scope = {"torch": torch, "event": object()}
+    exec(compile(f"def plant(t):\n    return {code}\n", f"{PACKAGE}/hf/decode.py", "exec"), scope)
+    exec(f"def outside(t):\n    return {code}\n", scope)
+    waits = DeviceWaits(monkeypatch)
+    scope["plant"](torch.tensor([-1.0, 2.0, 3.0]))  # made here, outside the package: a device value
+    assert [w.split(" ", 1)[1] for w in waits.where] == [PLANTED_WAITS[code]], waits.where
+    waits.where.clear()
+    if "synchronize" not in code:  # outside the package it is the real call: without CUDA it raises
+        scope["outside"](torch.tensor([-1.0, 2.0, 3.0]))
+    assert waits.where == [], "code outside the package counted"
 
 
 def waits_per_forward(model, waits: DeviceWaits, **kwargs) -> tuple[list[list[str]], NgramSpeculator]:
@@ -234,3 +320,38 @@ def test_online_cost_model_times_every_forward_without_a_wait(tiny_model, monkey
     assert spec.cost_model.observations == len(online) - 1, "a timed forward never reached the cost model"
     assert [len(w) for w in fixed] == [1] * len(fixed)
     assert [len(w) for w in online] == [1] * len(online), f"timing added waits: {[w for w in online if len(w) != 1]}"
+
+
+@pytest.mark.parametrize("extra", [{}, dict(do_sample=True, top_k=5, repetition_penalty=1.3)])
+@pytest.mark.parametrize("branches", [1, 3])
+def test_the_cuda_sync_rule_holds_on_the_emulated_device(tiny_model, monkeypatch, extra, branches):
+    """tests/test_cuda.py's rule (one sync between forwards, only the named set-up syncs) run on
+    CPU: this counter's waits are raised as the warnings CUDA's sync debug mode gives, so that
+    the rule's own bookkeeping (forward windows, whose frame a sync comes from) is checked
+    without a GPU."""
+    import warnings
+
+    import test_cuda
+
+    monkeypatch.setattr(verify, "reads_all_positions_at_once", lambda logits: True)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    waits = DeviceWaits(monkeypatch)
+    count = waits.wait
+
+    def wait(at: str, what: str) -> None:
+        count(at, what)
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=2)
+
+    monkeypatch.setattr(waits, "wait", wait)
+    prompt = test_cuda.random_prompt
+
+    class OnDevice:  # the prompt's .cuda() gives the CPU tensor
+        def __init__(self, *args):
+            self.ids = prompt(*args)
+
+        def cuda(self):
+            return self.ids
+
+    monkeypatch.setattr(test_cuda, "random_prompt", OnDevice)
+    test_cuda.test_one_sync_per_step(tiny_model, extra, branches)
+    assert any("verify.py" in w for w in waits.where), "no wait counted: the rule was checked on nothing"
