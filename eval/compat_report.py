@@ -4,6 +4,7 @@ models" section, both made from the rows of eval/results/compat/compat.jsonl."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -121,14 +122,24 @@ def readme_section(rows: list[dict]) -> str:
         if key == "refused":
             reasons: dict[str, list[str]] = {}
             for row in members:
-                reason = str(row["ngramspec"]).split(") ", 1)[-1].split(".")[0]
-                reasons.setdefault(reason, []).append(row["type"])
+                reasons.setdefault(_reason(str(row["ngramspec"])), []).append(row["type"])
             lines += [f"- {', '.join(types)}: {reason}." for reason, types in reasons.items()]
         else:
-            lines.append(", ".join(f"`{r['type']}`" for r in members))
+            lines.append(", ".join(r["type"] for r in members))
         lines.append("")
     lines.append(END)
     return "\n".join(lines)
+
+
+def _reason(refusal: str) -> str:
+    """The gist of a refusal message: its first clause, without the model's name."""
+    text = refusal.split("UnsupportedGenerationError: ", 1)[-1]
+    text = re.sub(r"^\S+ \(model type '[^']*'\) ", "", text)
+    text = re.sub(r" for \S+ \(model type '[^']*'\)", "", text)
+    cuts = [i for i in (text.find(m) for m in (". ", ", so ", ", which ", "; ", " (")) if i > 0]
+    if cuts:
+        return text[: min(cuts)]
+    return text if text.endswith(".") else text.rsplit(" ", 1)[0] + " ..."  # stored messages are cut short
 
 
 def update_readme(rows: list[dict], readme: Path = ROOT / "README.md") -> None:

@@ -300,3 +300,11 @@ def test_real_model_test_size_is_the_tests():
     assert quoted, "README no longer says how many items and tokens the real-model test decodes"
     for items, tokens in quoted:
         assert (int(items), int(tokens)) == (sum(test_real_model.ITEMS.values()), test_real_model.MAX_NEW_TOKENS)
+
+
+def test_the_supported_models_section_is_the_committed_tables():
+    """README's Supported models list is generated from eval/results/compat (never edited by hand)."""
+    from eval.compat_report import BEGIN, END, load_rows, readme_section
+
+    text = readme()
+    assert text[text.index(BEGIN): text.index(END) + len(END)] == readme_section(load_rows())
