@@ -279,3 +279,26 @@ def test_edit_recurrence_is_exact(tiny_model, seed):
         expected = plain_generate(tiny_model, ids, max_new_tokens=max_new)
         got = tiny_model.generate(ids, max_new_tokens=max_new, ngram_speculator=spec)
         assert got.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("capacity", [0, 100_064])
+def test_a_session_holds_at_most_80_bytes_per_token_of_random_prompt(capacity):
+    """Random text is the worst case (every n-gram new). A prompt indexed at once is sized to it
+    and 1/32 more, or to the capacity start() was given: then the index never grows (nor copies)
+    until the capacity fills."""
+    prompt = np.random.default_rng(0).integers(0, 49_152, size=100_000, dtype=np.int32)
+    session = NgramSpeculator().start(prompt, capacity)
+    table, s = session._table, session._slot
+
+    def arrays():
+        return table.streams[s], table.tables[s]
+
+    before = arrays()
+    assert sum(a.nbytes for a in before) <= 80 * prompt.size
+    for start in range(0, 64, 2):
+        session.propose()
+        session.extend(prompt[start : start + 2])
+    if capacity:
+        assert [a.ctypes.data for a in arrays()] == [a.ctypes.data for a in before]
+        assert table.streams[s].size == capacity
+

@@ -534,6 +534,17 @@ def test_the_one_entry_point_lists_every_command(capsys):
     assert listed == EVERY_COMMAND
 
 
+def test_drafter_memory_runs_each_side_in_a_fresh_process(capsys):
+    """`drafter --memory --against DIR`: peak bytes per token and step time of both checkouts
+    (here the same one twice), with their ratios."""
+    code, out, err = eval_main(["drafter", "--memory", "--contexts", "20000", "--steps", "50", "--rounds", "1",
+                                "--modes", "prompt,grown", "--against", str(REPO)], capsys)
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if "B/token" in line]
+    assert len(rows) == 2 and all("this:" in row and "against:" in row for row in rows)
+    assert out.count("this / against: memory") == 2
+
+
 @pytest.mark.parametrize("command", EVERY_COMMAND)
 def test_every_command_explains_itself_without_vllm(command, capsys):
     code, out, err = eval_main([command, "--help"], capsys)

@@ -11,10 +11,15 @@ O(max_n) token comparisons per probe, independent of how long the text already i
 grows 1.5x past 70% load, an amortised O(1)). A query hashes the suffixes ending at the last
 token and probes from the longest down: O(max_n^2), also independent of the text length.
 
-Memory: one 8-byte slot per stored n-gram at 47-70% load, plus 4 bytes per token. Random text,
-the worst case, stores nearly every n-gram: with min_n=1, max_n=6 that is 69-90 bytes per token
-(a repetitive text stores fewer). The step time stays flat: ~15 us per propose + extend at 128k
-and at 1M tokens of context on a 2-core CPU (``python -m eval drafter``).
+Memory: one 8-byte slot per stored n-gram at up to 70% load, plus 4 bytes per token. Random
+text, the worst case, stores nearly every n-gram: with min_n=1, max_n=6 that is 73 bytes per
+token where the index was sized for its text (a session's ``capacity``), 75 where a long prompt
+came at once (sized to it and 1/32 more, :func:`_grown`), and 73-110 while a text grows a few
+tokens at a time; a repetitive text stores fewer. Growing holds the old and the new array at
+once: a text grown by decoding peaks at 2.5 times the table it outgrew (up to ~180 bytes per
+token; 116 at 1M tokens), a prompt indexed at once at its size. Peak RSS per token of context
+and the step time (~12 us per propose + extend at 128k and at 1M tokens of context on a 2-core
+CPU): ``python -m eval drafter --memory``.
 
 Worked example, min_n=1, max_n=3, tokens ``[5 6 7 5 6]`` (positions 0..4)::
 
@@ -37,14 +42,16 @@ from numba import njit
 # One table slot is one uint64: n (7 bits; 0 = empty) | first end position (28 bits) | last end
 # position (28 bits). No hash is stored: a probe compares the stored n and then the tokens
 # themselves (at the slot's last occurrence), which also rules out hash collisions. 8 bytes a
-# slot at a load of at most MAX_LOAD (grown 1.5x past it) keep the table at 12-17 bytes per
-# stored n-gram; random text stores about max_n - min_n + 1 of them per token.
+# slot at a load of at most MAX_LOAD keep the table at 11.4-18 bytes per stored n-gram (grown
+# 1.5x past it, _grown); random text stores about max_n - min_n + 1 of them per token.
 EMPTY = np.uint64(0)
 N_BITS, POS_BITS = 7, 28
 N_MASK, POS_MASK = np.uint64((1 << N_BITS) - 1), np.uint64((1 << POS_BITS) - 1)
 MAX_POSITIONS = 1 << POS_BITS  # tokens one index can hold (268M)
 MAX_LOAD = 0.7  # linear probing: ~2 slots read per hit, ~6 per miss, in one or two cache lines
 GROWTH = 1.5
+HEADROOM = 32  # past what a long append needs: 1/32 of it more, and ROOM tokens (_grown)
+ROOM = 256
 
 
 @njit(cache=True, inline="always")
@@ -134,25 +141,34 @@ def index_append(tokens, length, new_tokens, min_n, max_n, slots):
 
 @njit(cache=True)
 def index_extend(tokens, slots, length, used, new_tokens, min_n, max_n):
-    """:func:`index_append`, first growing the stream (to fit) and the table (past MAX_LOAD), each
-    to GROWTH times what it must hold at least (so a prompt indexed at once leaves room for
-    its output: no growth, and no rehash, at the first decoding steps; the table then holds
-    ~2.1 slots per n-gram instead of ~1.4, and the stream 1.5x its tokens). ``used``: slots in use.
-    Returns ``(tokens, slots, used)``: the arrays, new ones where they grew, and the slots now
-    in use."""
+    """:func:`index_append`, first growing the stream (to fit) and the table (past MAX_LOAD) to
+    :func:`_grown` sizes. ``used``: slots in use. Returns ``(tokens, slots, used)``: the arrays,
+    new ones where they grew, and the slots now in use."""
     count = new_tokens.shape[0]
     if length + count > MAX_POSITIONS:
         raise ValueError("an n-gram index holds at most 268,435,456 tokens")
-    if length + count > tokens.shape[0]:  # headroom past what is needed: a prompt indexed at once then decodes
-        grown = np.zeros(min(int(GROWTH * (length + count)), MAX_POSITIONS), dtype=np.int32)
+    if length + count > tokens.shape[0]:
+        grown = np.zeros(min(_grown(tokens.shape[0], length + count, ROOM), MAX_POSITIONS), dtype=np.int32)
         grown[:length] = tokens[:length]
         tokens = grown
-    worst = used + count * (max_n - min_n + 1)
+    per_token = max_n - min_n + 1
+    worst = used + count * per_token
     if worst > MAX_LOAD * slots.shape[0]:
-        grown_slots = np.zeros(_table_size(GROWTH * worst), dtype=np.uint64)
+        grown_slots = np.zeros(max(int(GROWTH * slots.shape[0]), table_size(_grown(0, worst, ROOM * per_token))),
+                               dtype=np.uint64)
         index_rehash(tokens, slots, grown_slots)
         slots = grown_slots
     return tokens, slots, used + index_append(tokens, length, new_tokens, min_n, max_n, slots)
+
+
+@njit(cache=True)
+def _grown(size, needed, room):
+    """The new size of an array of ``size`` that must hold ``needed``: GROWTH times the old size
+    (an amortised O(1) per token while a text grows a few tokens at a time), or, where a long
+    append outgrows that, what it needs plus 1/HEADROOM of it and ``room`` (so a prompt indexed
+    at once decodes HEADROOM-th of its length, at least ROOM tokens, before the first rehash,
+    and costs ~3% over its size, where GROWTH would cost 50%)."""
+    return max(int(GROWTH * size), needed + needed // HEADROOM + room)
 
 
 @njit(cache=True)
@@ -266,7 +282,7 @@ class NgramIndex:
         capacity = max(16, int(capacity))
         self.tokens = np.zeros(capacity, dtype=np.int32)
         self.length = 0
-        self.slots = np.zeros(_table_size(capacity * (self.max_n - self.min_n + 1)), dtype=np.uint64)
+        self.slots = np.zeros(table_size(capacity * (self.max_n - self.min_n + 1)), dtype=np.uint64)
         self._used = 0
 
     def append(self, new_tokens: np.ndarray) -> None:
@@ -320,7 +336,7 @@ class NgramIndex:
 
 
 @njit(cache=True)
-def _table_size(entries):
+def table_size(entries):
     """Slots that hold ``entries`` n-grams at MAX_LOAD."""
     return max(16, int(entries / MAX_LOAD) + 1)
 

@@ -39,7 +39,7 @@ class SpeculationSession:
         prompt = as_token_array(prompt_ids)
         self.config = config
         self._table = SessionTable(config, history, slots=1, pool=pool)
-        self._slot = self._table.new(prompt.shape[0])
+        self._slot = self._table.new(prompt.shape[0], capacity)
         self.prompt_length = int(prompt.shape[0])
         # Costs at this request's context: the speculator's model (as measured so far), else the
         # fixed curve of this config (verify_cost, or the CPU one at 400 tokens of context).

@@ -36,7 +36,7 @@ from numba.typed import List
 from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
 from .candidates import candidates, continuation
 from .edits import learn_edit, new_edits
-from .index import index_extend
+from .index import index_extend, table_size
 from .sizing import draft_lengths
 from .tree import add_branch, tree_budget
 
@@ -286,12 +286,16 @@ class SessionTable:
         return (self.streams, self.tables, self.state, self.evidence, self.pool, self.pending, self.branches,
                 self.edit_tokens, self.edit_sizes, self.edit_stamps)
 
-    def new(self, prompt_length: int) -> int:
+    def new(self, prompt_length: int, capacity: int = 0) -> int:
         """An empty slot for a request whose first ``prompt_length`` tokens are its prompt (they
-        arrive with the slot's first extend)."""
+        arrive with the slot's first extend). ``capacity``: tokens its arrays are sized for at
+        once (no growth, no rehash below it), where it exceeds the prompt."""
         if not self.free:
             self._grow(2 * self.state.shape[0])
         s = self.free.pop()
+        if capacity > max(prompt_length, 16):
+            _size_slot(self.streams, self.tables, s, capacity,
+                       table_size(capacity * (self.config.max_n - self.config.min_n + 1)))
         self.state[s] = FRESH
         self.state[s, PROMPT] = prompt_length
         self.evidence[s] = 0.0
@@ -347,8 +351,13 @@ def _append_slots(streams, tables, count):
 
 @njit(cache=True)
 def _reset_slot(streams, tables, s):
-    streams[s] = np.zeros(16, dtype=np.int32)
-    tables[s] = np.zeros(16, dtype=np.uint64)
+    _size_slot(streams, tables, s, 16, 16)
+
+
+@njit(cache=True)
+def _size_slot(streams, tables, s, tokens, table_slots):
+    streams[s] = np.zeros(tokens, dtype=np.int32)
+    tables[s] = np.zeros(table_slots, dtype=np.uint64)
 
 
 @njit(cache=True)
