@@ -82,10 +82,10 @@ MUTANTS = {
     # The fuzzer passing any exception of the type plain generate() raises, whatever its message.
     "fuzz error type only": ("tests/fuzz.py", "if type(ours) is type(plain) and str(ours) == str(plain):",
                              "if type(ours) is type(plain):", "tests/test_fuzz.py -m 'not slow'"),
-    # The vLLM drafter handing each row the next row's draft (needs .venv-vllm: make test-vllm).
+    # The vLLM drafter handing each row the next row's draft (the fake engine's tests catch it).
     "vllm rows": ("ngramspec/vllm/proposer.py", RETURN_DRAFTS,
                   RETURN_DRAFTS.replace("drafts\n", "drafts[1:] + drafts[:1]\n"),
-                  "tests/with_vllm/test_vllm_sampling_inputs.py"),
+                  "tests/test_vllm_proposer.py"),
     # A sampler that, after a rejection, draws the position again with a fresh uniform (so the
     # draft token gets extra mass): the redraw in follow(), and uniforms no longer fixed per
     # position (else the redraw would repeat the same draw).

