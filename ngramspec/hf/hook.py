@@ -107,7 +107,7 @@ def ngram_generate(
 
     optimize = getattr(model, "_optimize_model_for_decode", None)
     with optimize() if optimize is not None else contextlib.nullcontext():
-        if batch == 1 or hf.HFTarget(model, cache, explicit_positions).can_gather:
+        if batch == 1 or (explicit_positions and hf.can_gather(cache)):  # = HFTarget.can_gather
             result = decode(range(batch), cache)
         else:
             # Sliding-window or static caches cannot hold per-row holes: decode row by row,
