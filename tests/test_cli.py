@@ -168,6 +168,19 @@ def test_missing_instruction_is_a_usage_error(monkeypatch, capsys, cache_env):
     assert code == 2 and "--instruction" in err
 
 
+SLOW_CHUNKS = """
+import sys, time
+from ngramspec.app.process import ResumeState
+save = ResumeState.save
+def slow_save(self, *args, **kwargs):
+    save(self, *args, **kwargs)
+    time.sleep(0.3)
+ResumeState.save = slow_save
+from ngramspec.app.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C, and what `kill` sends
 def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir, tmp_path, cache_env, monkeypatch,
@@ -181,7 +194,9 @@ def test_interrupt_leaves_everything_intact_and_resume_continues(tiny_model_dir,
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **cache_env}
     # SIGINT as Ctrl-C sends it; restored to the default in the child, because a test run started
     # as a background job inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored.
-    process = subprocess.Popen([sys.executable, "-m", "ngramspec", *args], cwd=ROOT, env=env,
+    # The child pauses 0.3 s after saving each chunk: without it a fast machine finishes every
+    # chunk within about a second, a window a loaded test runner can sleep through.
+    process = subprocess.Popen([sys.executable, "-c", SLOW_CHUNKS, *args], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     resume_dir = Path(cache_env["NGRAMSPEC_CACHE"]) / "resume"
@@ -500,7 +515,9 @@ def test_sigkill_then_resume_gives_the_bytes_of_an_uninterrupted_run(tiny_model_
     args = ["rewrite", str(source), "--instruction", "Fix.", "-o", str(out), "--model", str(tiny_model_dir),
             "--max-new-tokens", "40", "--chunk-tokens", "32", "--quiet", "--keep-drifted", "0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **cache_env}
-    process = subprocess.Popen([sys.executable, "-m", "ngramspec", *args], cwd=ROOT, env=env,
+    # The child pauses 0.3 s after saving each chunk: without it a fast machine finishes every
+    # chunk within about a second, a window a loaded test runner can sleep through.
+    process = subprocess.Popen([sys.executable, "-c", SLOW_CHUNKS, *args], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     resume_dir = Path(cache_env["NGRAMSPEC_CACHE"]) / "resume"
     deadline = time.time() + 120
