@@ -25,12 +25,13 @@ KINDS = {
     "qwen2_moe": {},  # mixture of experts
     "deepseek_v3": {},  # multi-head latent attention
     "mamba": {},  # a state-space model: recurrent states only
+    "zaya": {},  # hybrid whose recurrent layers record only the state before a forward: replayed
 }
 
 
 # Kernels with no float64 path (grouped expert matmuls, gated delta rule): float32, where the
 # sharpened weights keep logit gaps far above the ~1e-5 a multi-token forward moves them.
-FLOAT32 = {"qwen3_next", "qwen2_moe"}
+FLOAT32 = {"qwen3_next", "qwen2_moe", "zaya"}
 
 
 def _model(model_type: str, **overrides):
@@ -40,6 +41,11 @@ def _model(model_type: str, **overrides):
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(4.0)
+        for name, p in model.named_parameters():
+            if name.endswith(("dt_proj_bias", "dt_proj.bias", "dt_bias")):
+                # State-space step sizes of about 1 (random init gives ~0.01): the recurrent
+                # state then carries each token, so a wrong rollback changes the output.
+                p.fill_(0.5)
     return model
 
 
@@ -72,7 +78,7 @@ def test_a_left_padded_batch_is_identical(model_type):
     assert sum(s.accepted_tokens for s in spec.last_row_stats) > 0
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "mamba"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_next", "mamba", "zaya"])
 def test_static_cache(model_type):
     model = _model(model_type)
     ids, _ = prompts(model)
@@ -93,7 +99,7 @@ class StopAtLength(StoppingCriteria):
         return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba", "gemma3_text"])
+@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba", "gemma3_text", "zaya"])
 def test_a_cache_returned_after_a_stop_inside_a_draft_is_plain_decodings(model_type):
     """A stopping criterion that fires inside an accepted draft ends the output there (every
     such point of one decode is tried): the tokens past it are rolled back in the same crop as
@@ -211,3 +217,30 @@ def test_a_padded_batch_of_a_model_that_counts_its_own_positions(model_type):
     got = model.generate(ids, attention_mask=mask, ngram_speculator=spec, **_greedy(model, ids))
     assert got.tolist() == expected.tolist()
     assert all(s.accepted_tokens > 0 for s in spec.last_row_stats)
+
+
+@pytest.mark.parametrize("model_type, broken, says", [
+    ("zaya", "replay", "does not decode speculatively"),  # the state before the forward, kept
+    ("zaya", "static crop", "did not roll back all its layers"),  # the static attention part not cropped
+    ("zamba", "", "recurrent states are"),  # its multi-token forward starts from a zero state
+])
+def test_the_rollbacks_a_hybrid_needs_beyond_transformers_crop(monkeypatch, model_type, broken, says):
+    """Zaya's recurrent layers record only the state before a forward, so a rejection is rolled
+    back by replaying the kept tokens; its static cache's hybrid layers crop only their linear
+    part, so the loop crops their attention part too. Without either, the model is refused
+    before the request's first forward (by the probe's states after its crop of one, or the
+    first real crop). Zamba's forward over several tokens ignores the cached state: refused
+    (its random-weight logits barely depend on the state, so the probe compares the states)."""
+    from ngramspec.hf import target
+
+    model = _model(model_type)
+    ids, _ = prompts(model)
+    kwargs = _greedy(model, ids)
+    if broken == "replay":
+        monkeypatch.setattr(target.HFTarget, "_replays", lambda self: False)
+    elif broken == "static crop":
+        monkeypatch.setattr(target, "_attention_crop", lambda layer: None)
+        kwargs["cache_implementation"] = "static"
+    with pytest.raises(UnsupportedGenerationError, match=says) as err:
+        model.generate(ids, ngram_speculator=NgramSpeculator(payoff_sizing=False), **kwargs)
+    assert model_type in str(err.value)

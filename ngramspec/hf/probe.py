@@ -5,9 +5,9 @@ The loop relies on three things the model's code must do: attend over the cache 
 sees only the new tokens), take explicit positions, and roll back to any prefix of its last
 forward with one crop. The probe runs those steps on six tokens of the request's own prompt with
 a fresh cache of the request's kind, dynamic or static (prefill 2, verify a block of 3, crop 1,
-verify 2 more), and compares every row's logits with plain decoding's (prefill 2, then one token
-per forward). A model that fails, or raises, is refused with its reason before any forward of
-the request.
+verify 2 more), and compares every row's logits, and every recurrent layer's states, with plain
+decoding's (prefill 2, then one token per forward). A model that fails, or raises, is refused
+with its reason before any forward of the request.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def _probe(model, prompt: torch.Tensor, static: bool, explicit: bool) -> str | N
     try:
         with torch.no_grad():
             config = model.config.get_text_config(decoder=True)
-            reference = _plain_steps(model, tokens, positions if explicit else None, DynamicCache(config=config))
+            plain_cache = DynamicCache(config=config)
+            reference = _plain_steps(model, tokens, positions if explicit else None, plain_cache)
             cache = StaticCache(config=config, max_cache_len=8) if static else DynamicCache(config=config)
             target = HFTarget(model, cache, explicit)
             target.forward(tokens[:, :2], positions[:, :2], None, 1)  # prefill: the cache holds 0..1
@@ -60,7 +61,25 @@ def _probe(model, prompt: torch.Tensor, static: bool, explicit: bool) -> str | N
     if not error <= _tolerance(model):
         return _refusal(model, f"a forward over new tokens on top of its cache, rolled back by one crop, gives "
                                f"logits {error:.2g} (relative) away from one plain forward over the same tokens")
+    state_error = _state_distance(target.cache, plain_cache)
+    if not state_error <= _tolerance(model):
+        return _refusal(model, f"after a forward over new tokens on top of its cache, rolled back by one crop, its "
+                               f"recurrent states are {state_error:.2g} (relative) away from plain decoding's")
     return None
+
+
+def _state_distance(cache, plain_cache) -> float:
+    """The largest relative distance between the two caches' recurrent and (live) convolution
+    states: the logits of a random model can barely depend on a state a rollback got wrong."""
+    worst = 0.0
+    for ours, theirs in zip(cache.layers, plain_cache.layers):
+        for name in ("recurrent_states", "conv_states"):
+            for i, want in (getattr(theirs, name, None) or {}).items():
+                got = getattr(ours, name, {}).get(i)
+                if torch.is_tensor(want) and torch.is_tensor(got):
+                    live = got[..., -want.shape[-1]:] if name == "conv_states" else got
+                    worst = max(worst, _distance(live.float(), want.float(), None))
+    return worst
 
 
 def _plain_steps(model, tokens, positions, cache) -> torch.Tensor:

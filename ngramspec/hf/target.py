@@ -56,6 +56,7 @@ class HFTarget:
         self._crop_checked = False
         self._length = 0  # columns in the cache (kept here: reading a static cache's length syncs)
         self._records = any(hasattr(layer, "record_past") for layer in cache.layers)
+        self._uncropped = [(layer, _attention_crop(layer)) for layer in cache.layers if _attention_crop(layer)]
         # A cache of recurrent layers only (Mamba-style): the left padding is folded into each
         # row's state by the prefill, and later forwards take no mask (as generate() passes them).
         self._states_only = bool(cache.layers) and all(
@@ -66,6 +67,7 @@ class HFTarget:
         if visible is not None:
             mask = _tree_mask(mask, self.cache.get_seq_length(), visible, self.model.dtype, ids.device)
         self._last_q = ids.shape[1]
+        self._last_inputs = (ids, positions, mask)  # for a replay (see crop)
         if self._prefilled:
             self._keep_states(ids.shape[1])
             if self._states_only:
@@ -90,14 +92,36 @@ class HFTarget:
             self._prefilled = True
         return out.logits[:, -keep:].float()
 
-    def _check_recorded(self) -> None:
-        """A recurrent layer rolls back only to a state it recorded: one per token of the forward."""
+    def _replays(self) -> bool:
+        """Whether the last forward must be replayed to roll back: a recurrent layer that recorded
+        fewer states than tokens (Zaya: only the state before the forward)."""
+        short = False
         for layer in self._recurrent:
             for i, history in layer.recurrent_states_history.items():
                 if layer.is_recurrent_states_initialized[i] and len(history) < self._last_q:
-                    fail(f"{type(self.model).__name__} (model type {getattr(self.model.config, 'model_type', '?')!r})"
-                         " does not record its recurrent state after each token of a forward, so rejected draft "
-                         "tokens cannot be rolled back. Generate without ngram_speculator.")
+                    if not history:
+                        fail(f"{type(self.model).__name__} (model type "
+                             f"{getattr(self.model.config, 'model_type', '?')!r}) records no recurrent state for a "
+                             "forward, so rejected draft tokens cannot be rolled back. Generate without "
+                             "ngram_speculator.")
+                    short = True
+        return short
+
+    def _replay(self, m: int) -> None:
+        """Roll the last forward (q tokens) back whole, then run its first q - m tokens again.
+        Layers that recorded only the state before the forward can return to that state alone;
+        the replay costs one more forward, only on a step whose draft was cut short."""
+        ids, positions, mask = self._last_inputs
+        q = ids.shape[1]
+        for layer in self._recurrent:  # crop(-q) restores history[-q]: the state before the forward
+            for i, history in layer.recurrent_states_history.items():
+                if layer.is_recurrent_states_initialized[i]:
+                    layer.recurrent_states_history[i] = [history[0]] * q
+        self._crop_cache(q)
+        self._length -= q
+        kept = q - m
+        self.forward(ids[:, :kept], positions[:, :kept], None if mask is None else mask[:, : mask.shape[1] - m], 1)
+        self._crop_cache(0)
 
     def _keep_states(self, q: int) -> None:
         """Recurrent (linear-attention, SSM) layers roll back only to the states they were asked to
@@ -106,13 +130,10 @@ class HFTarget:
             layer.recurrent_states_to_keep = q
 
     def crop(self, m: int) -> None:
-        self._length -= m
-        if m:
-            self._check_recorded()
-        # Every step, even m == 0: recording layers (sliding window, linear attention) keep all
-        # they were given until a crop trims them back to their working size.
-        if m or self._recurrent or self._records:
-            self.cache.crop(-m)
+        if m and self._replays():
+            self._replay(m)
+        else:
+            self._crop(m)
         if m and not self._crop_checked:  # the first real rollback: did every layer follow it?
             self._crop_checked = True
             lengths = {int(layer.get_seq_length()) for layer in self.cache.layers if hasattr(layer, "get_seq_length")}
@@ -121,6 +142,18 @@ class HFTarget:
                      f"{getattr(self.model.config, 'model_type', '?')!r}) did not roll back all its layers "
                      f"({sorted({type(layer).__name__ for layer in self.cache.layers})}), so rejected draft tokens "
                      "would stay in it. Use the default dynamic cache, or generate without ngram_speculator.")
+
+    def _crop(self, m: int) -> None:
+        self._length -= m
+        # Every step, even m == 0: recording layers (sliding window, linear attention) keep all
+        # they were given until a crop trims them back to their working size.
+        if m or self._recurrent or self._records:
+            self._crop_cache(m)
+
+    def _crop_cache(self, m: int) -> None:
+        self.cache.crop(-m)
+        for layer, crop_attention in self._uncropped:
+            crop_attention(layer, -m)
 
     def gather(self, rows, columns) -> None:
         # rows: (A',) cache rows to keep; columns: (A, C') per-row columns to keep, in order
@@ -135,6 +168,20 @@ class HFTarget:
                 index = index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
                 layer.keys = layer.keys.gather(2, index)
                 layer.values = layer.values.gather(2, index)
+
+
+def _attention_crop(layer):
+    """The attention part's crop of a hybrid layer whose own crop rolls back only its linear
+    part (transformers 5.25's linear-attention-and-static layers inherit the linear crop alone),
+    or None."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    crop = getattr(type(layer), "crop", None)
+    if not isinstance(layer, LinearAttentionCacheLayerMixin) or crop is not LinearAttentionCacheLayerMixin.crop:
+        return None
+    linear = LinearAttentionCacheLayerMixin
+    attention = [c for c in type(layer).__mro__ if "crop" in vars(c) and not issubclass(c, linear)]
+    return vars(attention[0])["crop"] if attention else None
 
 
 def can_gather(cache) -> bool:
