@@ -451,24 +451,6 @@ def test_drifted_chunks_are_kept_by_default_and_said_so_even_when_quiet(tiny_mod
     assert _main(args + ["--max-growth", "3", "--keep-drifted", "0.5"]) == 0  # allowed to grow
 
 
-def test_a_summary_that_loops_is_refused_and_nothing_is_written(tiny_model_dir, tmp_path, cache_env, monkeypatch,
-                                                                capsys):
-    from ngramspec.app.documents import DocumentJob
-
-    def looping(self, ids, max_new_tokens, source=None):
-        self.last_stop = "loop"
-        return "GLIB-1.1.0-1.1.0-1.1.0-1.1.0"
-
-    monkeypatch.setattr(DocumentJob, "generate", looping)
-    monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
-    source = tmp_path / "README.md"
-    source.write_text("# GLib\n\nGLib is the low-level core library that forms the basis for projects.\n")
-    out = tmp_path / "summary.txt"
-    assert _main(["summarize", str(source), "--model", str(tiny_model_dir), "--quiet", "-o", str(out)]) == 4
-    assert "summary refused, nothing written: the model's summary repeated itself" in capsys.readouterr().err
-    assert not out.exists()
-
-
 @pytest.mark.parametrize("args, message", [
     (["--keep-drifted", "1.5"], "--keep-drifted takes a similarity between 0 and 1"),
     (["--keep-drifted", "-0.1"], "--keep-drifted takes a similarity between 0 and 1"),

@@ -228,7 +228,7 @@ def test_restart_discards_saved_chunks_and_a_resumed_kept_chunk_still_counts(tin
     assert (tmp_path / "out.txt").read_text() == f"{FIXED}\n\n{SECOND.replace('Teh', 'The')}\n"
 
 
-def test_a_looping_summary_is_written_with_accept_loops(tiny_model_dir, tmp_path, cache_env, monkeypatch, capsys):
+def test_a_looping_summary_is_refused_unless_accept_loops(tiny_model_dir, tmp_path, cache_env, monkeypatch, capsys):
     from ngramspec.app.documents import DocumentJob
 
     def looping(self, ids, max_new_tokens, source=None):
@@ -242,7 +242,9 @@ def test_a_looping_summary_is_written_with_accept_loops(tiny_model_dir, tmp_path
     out = tmp_path / "summary.txt"
     args = ["summarize", str(source), "--model", str(tiny_model_dir), "--quiet", "-o", str(out)]
     assert _main(args) == 4
-    assert capsys.readouterr().err.rstrip().endswith("; --accept-loops writes it anyway")  # named in the refusal
+    err = capsys.readouterr().err
+    assert "summary refused, nothing written: the model's summary repeated itself" in err
+    assert err.rstrip().endswith("; --accept-loops writes it anyway")  # named in the refusal
     assert not out.exists()
     assert _main(args + ["--restart", "--accept-loops"]) == 0
     assert out.read_text() == "GLIB-1.1.0-1.1.0-1.1.0-1.1.0\n"
