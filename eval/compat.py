@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from .compat_report import render, summary, update_readme
-from .tiny_models import model_types, tiny_model
+from .tiny_models import model_types, text_only_reason, tiny_model
 
 NEW_TOKENS = 24
 SETTINGS = ("static", "offloaded", "quantized", "sliding", "eager", "sdpa", "flex", "bfloat16")
@@ -129,6 +129,10 @@ def _check(row: dict, model_type: str, image_text: bool, settings) -> None:
         return
     row["build"] = "ok"
     row["model"] = type(model).__name__
+    reason = text_only_reason(model)
+    if reason is not None:
+        row["greedy"] = "n/a: " + reason
+        return
     try:
         ids, batch = prompts(model)
     except _Timeout:
@@ -215,8 +219,10 @@ def _run(model, ids, max_new_tokens: int = NEW_TOKENS, **kwargs):
     kwargs.setdefault("do_sample", False)
     try:
         with torch.no_grad():
-            return model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                  pad_token_id=_pad_id(model), eos_token_id=None, **kwargs)
+            out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                 pad_token_id=_pad_id(model), eos_token_id=None, **kwargs)
+        # (batch, codebooks, length) from a multi-codebook decoder (MusicGen): back to its input's layout
+        return out.reshape(-1, out.shape[-1]) if torch.is_tensor(out) and out.dim() == 3 else out
     except _Timeout:
         raise
     except Exception as err:  # noqa: BLE001

@@ -53,6 +53,10 @@ def render(rows: list[dict], settings, version: str, command: str) -> str:
         if row.get("cut_short"):
             cells[-1] += f" (cut short: {row['cut_short']})"
         lines.append("| " + " | ".join(cells) + " |")
+    skipped = [r for r in rows if str(r.get("greedy", "")).startswith("n/a")]
+    if skipped:
+        lines += ["", "## Not applicable: plain decoding cannot run a text-only prompt", ""]
+        lines += [f"- {r['type']} ({r.get('model', '?')}): {str(r['greedy'])[len('n/a: '):]}" for r in skipped]
     notes = [r for r in rows if any(str(r.get(c, "")).startswith(("refused", "CRASH")) for c in COLUMNS[1:])]
     if notes:
         lines += ["", "## Refusals and errors", ""]
@@ -83,6 +87,8 @@ def load_rows(path: Path = ROWS) -> list[dict]:
 
 
 def _outcome(row: dict) -> str:
+    if str(row.get("greedy", "")).startswith("n/a"):
+        return "not text-only"
     if row.get("build") != "ok" or row.get("greedy") != "ok":
         return "not built"
     ours = str(row.get("ngramspec", ""))
@@ -111,7 +117,9 @@ def readme_section(rows: list[dict]) -> str:
         "same, no draft accepted": "Identical, but the tiny random model accepted no draft (proves less)",
         "refused": "Refused before the first forward, with a message naming the type and what to do",
         "other": "Different or crashed (a bug: see the table)",
-        "not built": "Not built here (no valid tiny config, a missing optional package, or not a text model)",
+        "not text-only": "Not applicable: plain generate() cannot decode a text-only prompt on these (they need "
+                         "an image or a document layout, are drafter heads of another model, or generate no tokens)",
+        "not built": "Not built here (no valid tiny config, or a missing optional package)",
     }
     for key, title in titles.items():
         members = groups.get(key, [])

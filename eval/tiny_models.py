@@ -81,13 +81,11 @@ OVERRIDES: dict[str, dict] = {
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 16,
                        "indexer_compress_ratio": 4, "hc_lowrank": 16},
     # Layers named by kind; axial position embeddings: dims sum to the width, shape multiplies to positions.
+    # num_buckets: None sizes the LSH buckets only in training (a prompt past one chunk fails in eval).
     "reformer": {"attn_layers": ["local", "lsh"], "axial_pos_shape": [16, 32], "axial_pos_embds_dim": [16, 16],
-                 "attention_head_size": 16, "feed_forward_size": 64},
+                 "attention_head_size": 16, "feed_forward_size": 64, "num_buckets": 2},
     "zaya": {"num_experts_per_tok": 1},  # top-1 routing only (validated)
     "xmod": {"default_language": "en_XX"},  # its per-language adapters need a language
-    # Byte-level: hash embedding tables of 500002 rows, local parts projecting to a 2048-wide global part.
-    "blt": {"encoder_hash_byte_group_vocab": 1000, "encoder_config": {"hidden_size_global": 32},
-            "decoder_config": {"hidden_size_global": 32}},
     "nemotron_h": {"mamba_num_heads": 8, "mamba_head_dim": 8, "n_groups": 1, "chunk_size": 16},  # 8 x 8 = 2 x 32
     # Glyph-shape and pronunciation embeddings beside the token one.
     "roc_bert": {"shape_vocab_size": 99, "shape_embed_dim": 32, "pronunciation_vocab_size": 99,
@@ -103,6 +101,37 @@ OVERRIDES: dict[str, dict] = {
     "mamba2": {"num_heads": 4, "n_groups": 1, "chunk_size": 16},  # heads * head_dim = expand * hidden
     # The cache rounds q/k and v widths up to 64: make them exactly 64.
     "xlstm": {"hidden_size": 64, "embedding_dim": 64, "qk_dim_factor": 1.0, "chunk_size": 16},
+    # Reads the sizes its tester sets on the config after building it (the cache is sized by them).
+    "blt": {"encoder_hash_byte_group_vocab": 1000, "encoder_config": {"hidden_size_global": 32},
+            "decoder_config": {"hidden_size_global": 32}, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "hidden_size": 32},
+    # Maps image tokens to BPE ids; no default (a text-only prompt needs only "<image>").
+    "chameleon": {"vocabulary_map": {"<image>": 98}},
+    "deepseek_ocr2": {"text_config": {"mlp_layer_types": ["dense", "sparse"]}},  # no default, read per layer
+    # Its Q-Former has vision width // 64 heads; one deepstack injection (tester's values).
+    "granite4_vision": {"vision_config": {"hidden_size": 64}, "downsample_rate": "1/2",
+                        "deepstack_layer_map": [[1, 0]]},
+    # The audio encoder's pyramid: one stage per "layer", all lists that long.
+    "muse_spark_audio": {"num_hidden_layers": 2, "patch_sizes": [4, 4], "hidden_sizes": [16, 32], "depths": [1, 1]},
+    "wavtokenizer_encoder": {"codebook_dim": 32},  # no projection around its quantizer: = its width
+    # Image then audio codebook tokens at the top of the vocabulary, which must hold both.
+    "apertus1p5": {"image_token_id": 56, "audio_token_id": 57, "image_token_offset": 60, "audio_token_offset": 76,
+                   "vision_config": {"codebook_size": 16}, "audio_config": {"codebook_size": 16}},
+    "step3p7": {"text_config": {"sliding_window": 16}},  # sliding layers, no default window
+    # The thinker's multimodal RoPE reads a vision-start token its config does not define.
+    "qwen2_5_omni_thinker": {"vision_start_token_id": 97},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 97},
+}
+
+# Types whose plain generate() cannot decode a text-only prompt, for a reason no attribute of the
+# model says (those that do: no generate(), or a main input other than input_ids; see
+# text_only_reason), read from the type's modeling code.
+NOT_TEXT_ONLY: dict[str, str] = {
+    "idefics": "its forward needs pixel_values, image_encoder_embeddings or perceiver_embeddings (an image)",
+    "udop": "its encoder needs bbox (the layout box of every word of a document) beside input_ids",
+    "gemma4_assistant": "a drafter head: its forward takes the target model's shared_kv_states and inputs_embeds",
+    "gemma4_unified_assistant": "a drafter head: its forward takes the target model's shared_kv_states and "
+                                "inputs_embeds",
 }
 
 _PATTERN_NAMES = ("layer_types", "layers_block_type", "hybrid_override_pattern", "block_types", "attn_layer_indices",
@@ -223,7 +252,23 @@ def tiny_model(model_type: str, dtype=torch.float32, seed: int = 0, image_text: 
     config.is_decoder = True  # encoder families (BERT, RoBERTa, ...) are causal only as decoders
     torch.manual_seed(seed)
     model = model_class._from_config(config, dtype=dtype)
+    gc = getattr(model, "generation_config", None)
+    if gc is not None and gc.num_return_sequences is None:  # a generate() of its own reads it unmerged (MusicGen)
+        gc.num_return_sequences = 1
     return model.eval()
+
+
+def text_only_reason(model) -> str | None:
+    """Why plain ``generate()`` cannot decode a text-only prompt on ``model`` (it needs an image,
+    or is no token generator), or None."""
+    from transformers import GenerationMixin
+
+    if not isinstance(model, GenerationMixin):
+        return f"{type(model).__name__} has no generate(): it is not a token generator"
+    name = getattr(model, "main_input_name", "input_ids")
+    if name != "input_ids":
+        return f"{type(model).__name__}'s generate() starts from {name} (an image), not from a text prompt"
+    return NOT_TEXT_ONLY.get(getattr(model.config, "model_type", None))
 
 
 def model_types() -> tuple[list[str], list[str]]:

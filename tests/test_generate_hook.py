@@ -240,3 +240,34 @@ def test_the_accelerator_path_reads_the_device_once_per_forward(tiny_model, monk
     tiny_model.generate(IDS, max_new_tokens=30, ngram_speculator=spec, **kwargs)
     assert spec.last_stats.accepted_tokens > 0 and len(forwards) == spec.last_stats.target_forwards
     assert DeviceLogits.reads == len(forwards), f"{DeviceLogits.reads} host reads over {len(forwards)} forwards"
+
+
+def test_a_generate_of_its_own_that_bypasses_the_hook_is_refused(tiny_model):
+    """A model class whose own generate() never calls GenerationMixin.generate (MusicGen's) hands
+    ngram_speculator to transformers' model-kwargs check: refused there, with the model type named,
+    before any forward (the hooked path takes the speculator out before that check)."""
+    from ngramspec.hf.checks import UnsupportedGenerationError
+
+    with pytest.raises(UnsupportedGenerationError, match="has its own generate\\(\\).*Generate without"):
+        tiny_model._validate_model_kwargs({"ngram_speculator": NgramSpeculator()})
+    ngramspec.uninstall()
+    try:
+        assert not hasattr(GenerationMixin._validate_model_kwargs, "_ngramspec_original")
+    finally:
+        ngramspec.install()
+
+
+def test_multimodal_rope_positions_of_a_padded_text_only_batch_are_the_texts():
+    """(sections, B, P) position ids of a text-only prompt are the text's at the real tokens; the
+    padding's may differ (Qwen omni thinkers fill them with 1): taken. Any real token's differing:
+    refused."""
+    from ngramspec.hf.checks import UnsupportedGenerationError
+    from ngramspec.hf.target import text_positions
+
+    ids = torch.ones(2, 5, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    text = torch.tensor([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]])
+    padded_with_one = text.masked_fill(mask == 0, 1)
+    assert torch.equal(text_positions(ids, mask, torch.stack([text, padded_with_one, padded_with_one])), text)
+    with pytest.raises(UnsupportedGenerationError, match="text positions only"):
+        text_positions(ids, mask, torch.stack([text, text + 1, text]))

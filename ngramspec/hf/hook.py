@@ -190,6 +190,23 @@ def _wrap_generate(original):
     return generate
 
 
+def _wrap_validate_model_kwargs(original):
+    """generate() hands ``ngram_speculator`` to :func:`ngram_generate` before it validates the model
+    kwargs, so it reaches this check only through a model's own ``generate()`` that bypasses
+    ``GenerationMixin.generate`` (MusicGen): refused there, before any forward."""
+
+    @functools.wraps(original)
+    def _validate_model_kwargs(self, model_kwargs):
+        if model_kwargs.get("ngram_speculator") is not None:
+            fail(f"{type(self).__name__} (model type {getattr(self.config, 'model_type', '?')!r}) has its own "
+                 "generate(), which bypasses transformers' GenerationMixin.generate, so ngram_speculator cannot take "
+                 "over its decoding loop. Generate without ngram_speculator.")
+        return original(self, model_kwargs)
+
+    _validate_model_kwargs._ngramspec_original = original
+    return _validate_model_kwargs
+
+
 def speculative_generate(model, *args, ngram_speculator: NgramSpeculator | None = None, **kwargs):
     """``model.generate(*args, ngram_speculator=..., **kwargs)`` without :func:`install` (the entry of
     the repository's ``custom_generate/generate.py``); a default ``NgramSpeculator()`` when none is
@@ -205,6 +222,8 @@ def install() -> None:
     ``load_model()`` and ``DocumentJob`` do."""
     if not hasattr(GenerationMixin.generate, "_ngramspec_original"):
         GenerationMixin.generate = _wrap_generate(GenerationMixin.generate)
+    if not hasattr(GenerationMixin._validate_model_kwargs, "_ngramspec_original"):
+        GenerationMixin._validate_model_kwargs = _wrap_validate_model_kwargs(GenerationMixin._validate_model_kwargs)
 
 
 def uninstall() -> None:
@@ -212,3 +231,6 @@ def uninstall() -> None:
     original = getattr(GenerationMixin.generate, "_ngramspec_original", None)
     if original is not None:
         GenerationMixin.generate = original
+    original = getattr(GenerationMixin._validate_model_kwargs, "_ngramspec_original", None)
+    if original is not None:
+        GenerationMixin._validate_model_kwargs = original

@@ -255,11 +255,14 @@ def positions_from_mask(input_ids, attention_mask) -> torch.Tensor:
 def text_positions(input_ids, attention_mask, prepared) -> torch.Tensor:
     """(B, P) position ids: generate()'s own when it prepared 2-D ones, else counted from the
     mask. Multimodal-rope models get (sections, B, P) ids, all equal to the text positions for
-    a text-only prompt (the model expands 2-D ones itself); any other layout is refused."""
+    a text-only prompt (the model expands 2-D ones itself) at the real tokens (padding's, which no
+    real token attends to, may differ: some fill them with 1); any other layout is refused."""
     positions = positions_from_mask(input_ids, attention_mask)
     if prepared is None or prepared.dim() == 2:
         return positions if prepared is None else prepared
-    if prepared.dim() == 3 and all(torch.equal(p, positions) for p in prepared.reshape(-1, *positions.shape)):
+    real = torch.ones_like(positions, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    if prepared.dim() == 3 and all(torch.equal(p[real], positions[real].to(p.dtype))
+                                   for p in prepared.reshape(-1, *positions.shape)):
         return positions
     fail("ngram_speculator handles text positions only; generate() prepared position ids of shape "
          f"{tuple(prepared.shape)} that are not the text's (a multimodal input?). Generate without ngram_speculator.")
