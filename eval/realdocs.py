@@ -314,7 +314,8 @@ def bounds(args) -> int:
     _, tokenizer = load_model(args.model)
     lines = ["How often the guard's rules would stop or discard a person's edit: each reference of the "
              "shared rewriting and code-editing sets against its source, with the defaults "
-             f"(similarity floor {settings.similarity_floor}, max growth {settings.max_growth}).", "",
+             f"(the similarity floor the set's instruction calls for: {settings.correction_floor} for corrections, "
+             f"{settings.rewording_floor} for rewording; max growth {settings.max_growth}).", "",
              f"Command: `{args.command_line}`", "",
              "| set | pairs | loop stop | length bound (stops) | similarity < floor | longer than max growth | "
              "any rule |", "|---|---|---|---|---|---|---|"]
@@ -328,7 +329,7 @@ def bounds(args) -> int:
                 ref_ids = tokenizer(ref, add_special_tokens=False)["input_ids"]
                 hits = [longest_periodic_stretch(ref_ids, settings.max_period) > allowance,
                         len(ref_ids) >= length_bound(len(source_ids), settings),
-                        similarity(item["source"], ref) < settings.similarity_floor,
+                        similarity(item["source"], ref) < settings.floor(item["instruction"]),
                         len(ref) > settings.max_growth * len(item["source"]) + settings.growth_slack_chars]
                 pairs += 1
                 for k, hit in enumerate(hits + [any(hits)]):

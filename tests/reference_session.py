@@ -98,6 +98,10 @@ class ReferenceSession:
         self._edits: dict[tuple, tuple] = {}  # replaced prompt tokens -> what the output wrote instead
         self._edit_break = -1  # the break (stream length) an edit was last learned from
         self._finished = False
+        # The loss bound (ngramspec.draft.sizing.LossBudget): credit in plain steps, and the
+        # (cost table, tokens drafted) of the step awaiting its verdict.
+        self._credit = config.draft_tuning.first_risk + (config.max_loss or 0.0)
+        self._unsettled = None
 
     @property
     def tokens(self) -> np.ndarray:
@@ -116,6 +120,12 @@ class ReferenceSession:
         limit = self.config.max_draft_tokens
         if max_tokens is not None:
             limit = min(limit, max_tokens)
+        if self.config.payoff_sizing and self.config.max_loss is not None:  # what it can afford to lose
+            c = self.config
+            costs = self._cost_model.table(self.index.length, max(c.max_tree_tokens, c.max_draft_tokens) + 1)
+            affordable = [k for k in range(len(costs) - 1) if costs[k + 1] / costs[1] - 1.0 <= self._credit]
+            limit = min(limit, max(affordable, default=0))
+            self._unsettled = (costs, 0)
         if limit <= 0:  # no room left for a draft (the last token): nothing to decide
             return Draft(_NO_TOKENS)
         candidates = self._candidates(self.config.tree_branches if tree else 1)
@@ -138,6 +148,8 @@ class ReferenceSession:
             tokens, parents = self._tree(tokens, candidates[1:], limit)
         branch_starts = tuple(c.start for c in candidates if c.own)
         self._pending = (tokens[: len(acceptance)], source, match, branch_starts, edited)  # the chain
+        if self._unsettled is not None:
+            self._unsettled = (self._unsettled[0], len(tokens))
         return Draft(tokens, parents, match_len=first.match_len, source_start=first.start, acceptance=acceptance)
 
     def _candidates(self, wanted: int) -> list[Candidate]:
@@ -329,6 +341,11 @@ class ReferenceSession:
         ``verified``: how many tokens of the last (chain) draft were actually verified, when
         the loop cut the draft short (default: all of them)."""
         tokens = as_token_array(accepted_tokens)
+        if self._unsettled is not None:
+            costs, drafted = self._unsettled
+            q = 1 + (drafted if verified is None else min(verified, drafted))
+            self._credit += self.config.max_loss + len(tokens) - costs[q] / costs[1]
+            self._unsettled = None
         branch_starts: tuple = ()
         if self._pending is not None:
             # Learn from the last draft: how many tokens of its first chain the target kept.

@@ -300,6 +300,8 @@ def test_every_speculation_setting_is_reachable_through_set_and_config(tmp_path)
             text = str(f.default * 2 if f.default >= 1 else f.default / 2 if f.default else 0.25)
         elif name == "match":
             text = "earliest" if SpeculatorConfig().match != "earliest" else "recent"
+        elif name == "max_loss":  # off by default
+            text = "0.02"
         else:
             text = "1:1.0,8:1.5"
         expected = parse_config(f"{name}={text}")

@@ -115,18 +115,20 @@ CURVE = ((1, 1.0), (4, 1.05), (8, 1.1), (16, 1.3), (32, 2.0))  # branches fit wi
         DraftTuning, fuzzy_window=st.integers(1, 12), fuzzy_context=st.integers(1, 6), fuzzy_ahead=st.integers(1, 16),
         fuzzy_below_n=st.integers(0, 4), edit_span=st.integers(1, 8), max_edits=st.integers(1, 8),
         tree_cost_slack=st.sampled_from([0.0, 0.05, 0.3]), request_weight=st.sampled_from([1.0, 4.0, 9.0]),
-        pool_prior_weight=st.sampled_from([1.0, 2.0, 5.0]), pool_window=st.sampled_from([4.0, 64.0, 4096.0]))),
+        pool_prior_weight=st.sampled_from([1.0, 2.0, 5.0]), pool_window=st.sampled_from([4.0, 64.0, 4096.0]),
+        first_risk=st.sampled_from([0.0, 0.1, 0.5]))),
+    max_loss=st.sampled_from([None, 0.0, 0.02, 0.3]),
     steps=st.lists(st.tuples(st.integers(0, 9), st.booleans(), st.booleans(), st.integers(0, 9),
                              st.lists(tokens, min_size=1, max_size=3), st.integers(-1, 9)), min_size=1, max_size=25),
 )
 def test_one_slot_drafts_sized_trees_like_the_reference(min_n, extra_n, recent, cursor, fuzzy, edits, branches,
-                                                        history, prompt, history_output, tuning, steps):
+                                                        history, prompt, history_output, tuning, max_loss, steps):
     """The transformers route: every propose (sized or not, tree or chain, any limit) gives the
     reference's draft, tree and estimates; every extend (drafted tokens kept in part, verified in
     full or cut short) leaves the same cursor, break and edits; under any draft_tuning."""
     config = NgramSpeculator(min_n=min_n, max_n=min_n + extra_n, match="recent" if recent else "earliest",
                              copy_cursor=cursor, fuzzy_resync=fuzzy, edit_recurrence=edits, tree_branches=branches,
-                             max_draft_tokens=8, max_tree_tokens=12, verify_cost=CURVE,
+                             max_draft_tokens=8, max_tree_tokens=12, verify_cost=CURVE, max_loss=max_loss,
                              history_tokens=64 if history else 0, draft_tuning=tuning).config
     histories = [History(config) if history else None for _ in range(2)]
     for h in histories:
@@ -171,7 +173,7 @@ def test_one_slot_learns_edits_like_the_reference_while_decoding_a_rewrite(seed)
             continue  # dropped
         rewrite += [replaced.get(t, t)] if roll < 0.97 else [t, 2000 + t]  # replaced, or a word inserted
     config = NgramSpeculator(edit_recurrence=True, tree_branches=int(rng.integers(1, 4)), max_draft_tokens=8,
-                             max_tree_tokens=12, verify_cost=CURVE,
+                             max_tree_tokens=12, verify_cost=CURVE, max_loss=[None, 0.02][seed % 2],
                              draft_tuning=DraftTuning(max_edits=8 if seed % 2 else 3)).config
     reference = ReferenceSession(config, np.array(prompt, dtype=np.int32))
     engine = SpeculationSession(config, np.array(prompt, dtype=np.int32))

@@ -14,8 +14,10 @@ from ngramspec.app.settings import JobSettings
 # The module constants of documents.py and guard.py before issue 40 moved them here.
 BEFORE = {"chunk_tokens": 768, "min_chunk_tokens": 32, "summary_tokens": 256, "context_chars": 300,
           "unguarded_growth": 2.0, "max_period": 32, "min_loop_tokens": 64, "length_slack": 64,
-          "max_growth": 1.3, "growth_slack_chars": 40, "similarity_floor": 0.8,
-          "assumed_context_tokens": 8192, "prompt_tokens": 256}  # (the last two were inline numbers)
+          "max_growth": 1.3, "growth_slack_chars": 40, "similarity_floor": None, "correction_floor": 0.8,
+          "rewording_floor": 0.5, "assumed_context_tokens": 8192, "prompt_tokens": 256}
+# (assumed_context_tokens and prompt_tokens were inline numbers; similarity_floor was 0.8 for every
+# instruction, now the floor the instruction calls for, issue 49)
 
 
 def test_defaults_are_the_former_constants():
@@ -30,6 +32,8 @@ def test_defaults_are_the_former_constants():
     ({"chunk_tokens": 16, "min_chunk_tokens": 8}, None, ""),  # allowed: the floor moved too
     ({"similarity_floor": 1.5}, ValueError, "JobSettings.similarity_floor takes a similarity between 0 and 1"),
     ({"similarity_floor": -0.1}, ValueError, "JobSettings.similarity_floor"),
+    ({"rewording_floor": 1.2}, ValueError, "JobSettings.rewording_floor takes a similarity between 0 and 1"),
+    ({"similarity_floor": None}, None, ""),  # by the instruction
     ({"max_growth": 0.9}, ValueError, "JobSettings.max_growth takes a length ratio of at least 1"),
     ({"unguarded_growth": 0.5}, ValueError, "JobSettings.unguarded_growth"),
     ({"max_growth": float("nan")}, ValueError, "JobSettings.max_growth must be a finite number"),
@@ -117,19 +121,40 @@ def test_summary_tokens_is_a_summary_s_budget():
 def test_the_similarity_floor_and_growth_decide_what_is_kept():
     source = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
     drifted = "A fast brown fox leaps above a sleepy dog and then it runs far into the woods."
-    assert drift_reason(source, drifted, "text").startswith("similarity")  # default floor 0.8
-    assert drift_reason(source, drifted, "text", JobSettings(similarity_floor=0.5)) == ""
-    job = fake_job(similarity_floor=0.5)  # through a DocumentJob: the drifted rewrite is used
+    fix = "Fix any spelling mistakes. Change nothing else."
+    assert drift_reason(source, drifted, "text", instruction=fix).startswith("similarity")  # floor 0.8
+    assert drift_reason(source, drifted, "text", instruction="Restyle this.") == ""  # rewording: 0.5
+    assert drift_reason(source, drifted, "text", JobSettings(similarity_floor=0.5), instruction=fix) == ""
+    assert drift_reason(source, drifted, "text", JobSettings(similarity_floor=0.9),
+                        instruction="Restyle.").startswith("similarity")  # a given floor holds for all
+    job = fake_job()  # through a DocumentJob: the instruction decides
     recording(job, lambda body: drifted)
     assert job.rewrite(source, "Restyle.") == drifted and not job.stats.guarded
     job = fake_job()
     recording(job, lambda body: drifted)
-    assert job.rewrite(source, "Restyle.") == source and job.stats.guarded
+    assert job.rewrite(source, fix) == source and job.stats.guarded
     longer = source + " It was a fine day."  # 103 characters against 84: within 1.3 x 84 + 40
     assert drift_reason(source, longer, "text") == ""
     assert "as long as its source" in drift_reason(source, longer, "text", JobSettings(growth_slack_chars=0,
                                                                                         max_growth=1.1))
     assert drift_reason(source, longer, "text", JobSettings(growth_slack_chars=0, max_growth=1.3)) == ""
+
+
+@pytest.mark.parametrize("instruction, floor", [
+    ("Fix any spelling mistakes. Change nothing else.", 0.8),
+    ("Fix the grammatical errors in this text while keeping it fluent:", 0.8),
+    ("Correct the typos.", 0.8),
+    ("Proofread this.", 0.8),
+    ("Fix the punctuation and capitalization.", 0.8),
+    ("Simplify this sentence while keeping its meaning:", 0.5),
+    ("Make the sentence clearer:", 0.5),
+    ("Fix the fluency of the sentence:", 0.5),  # fluency is rewording
+    ("Revise this text to improve it:", 0.5),
+    ("", 0.5),
+])
+def test_the_floor_follows_what_the_instruction_asks(instruction, floor):
+    assert JobSettings().floor(instruction) == floor
+    assert JobSettings(similarity_floor=0.7).floor(instruction) == 0.7
 
 
 def test_the_loop_stop_reads_max_period_and_min_loop_tokens():

@@ -108,3 +108,62 @@ def test_the_gain_order_is_a_stable_sort(acceptance, positions):
     assert _by_gain(gains).tolist() == np.argsort(-gains, kind="stable").tolist()
     signed = np.concatenate([gains, [-0.0, 0.0, -0.0]])  # a negative zero is a zero, not below one
     assert _by_gain(signed).tolist() == np.argsort(-signed, kind="stable").tolist()
+
+
+def _linear_costs(slope, width=25):
+    """costs[q]: a forward over q tokens, in plain steps (costs[0] unused)."""
+    return np.array([0.0] + [1.0 + slope * (q - 1) for q in range(1, width + 1)])
+
+
+def test_the_loss_bounds_worked_example():
+    from ngramspec.draft.sizing import LossBudget
+
+    costs = _linear_costs(1 / 16)
+    refused = LossBudget(0.02, 0.5)
+    assert refused.cap(costs) == 8
+    refused.settle(1, 9, costs)  # all 8 refused: one token for 1.5 plain steps
+    assert refused.credit == pytest.approx(0.04) and refused.cap(costs) == 0
+    kept = LossBudget(0.02, 0.5)
+    kept.settle(9, 9, costs)  # all 8 kept, plus the target's token
+    assert kept.credit == pytest.approx(8.04) and kept.cap(costs) == 24
+
+
+@settings(max_examples=300, deadline=None)
+@given(slope=st.floats(0.0, 1.0), bumps=st.lists(st.floats(0.0, 0.5), min_size=24, max_size=24),
+       max_loss=st.floats(0.0, 0.2), first_risk=st.floats(0.0, 2.0),
+       steps=st.lists(st.tuples(st.integers(0, 24), st.floats(0.0, 1.0)), min_size=1, max_size=200))
+def test_the_loss_bound_holds_whatever_the_target_keeps(slope, bumps, max_loss, first_risk, steps):
+    """Drafts as long as the budget allows (or shorter), the target keeping any prefix, under
+    any cost table (a learned one may dip: bumps): the steps' forwards cost at most
+    (1 + max_loss) x their tokens + first_risk plain steps."""
+    from ngramspec.draft.sizing import LossBudget
+
+    costs = _linear_costs(slope)
+    costs[2:] += np.array(bumps)  # costs[1] stays the plain step
+    budget, spent, emitted = LossBudget(max_loss, first_risk), 0.0, 0
+    for wanted, share in steps:
+        cap = budget.cap(costs)
+        assert cap == max([k for k in range(len(costs) - 1) if costs[k + 1] - 1 <= budget.credit], default=0)
+        drafted = cap if wanted > cap else max(k for k in range(wanted + 1) if costs[k + 1] - 1 <= budget.credit)
+        kept = int(share * drafted)
+        budget.settle(kept + 1, drafted + 1, costs)
+        spent, emitted = spent + costs[drafted + 1], emitted + kept + 1
+        assert budget.credit >= 0
+    assert spent <= (1 + max_loss) * emitted + first_risk + 1e-9
+
+
+@pytest.mark.parametrize("max_loss, first", [(0.02, 8), (None, 16)])  # a bound, and none (the default)
+def test_a_requests_first_draft_risks_only_first_risk(max_loss, first):
+    """A prompt that repeats one stretch: the first draft continues a 64-token match, estimated
+    near-certain, so expected value alone buys 16 tokens (2 plain steps at this cost curve, past
+    which it grows faster). The bound cuts it to what first_risk (0.5 plain steps) affords: 8. Once
+    refused, the request drafts nothing until its credit affords a token again."""
+    from ngramspec import NgramSpeculator
+    from ngramspec.draft.session import SpeculationSession
+
+    config = NgramSpeculator(verify_cost=((1, 1.0), (17, 2.0)), max_loss=max_loss).config
+    stretch = np.random.default_rng(0).integers(0, 500, 40).tolist()
+    session = SpeculationSession(config, np.array(stretch * 4, dtype=np.int32))
+    assert len(session.propose()) == first
+    session.extend(np.array([stretch[1]], dtype=np.int32))  # refused at once (the copy predicts stretch[0])
+    assert (len(session.propose()) == 0) == (max_loss == 0.02)

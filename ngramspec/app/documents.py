@@ -254,7 +254,8 @@ class DocumentJob:
                 self.last_stop = ""
                 text = clean_output(self.generate(self.prompt_ids(instruction, chunk.body, context),
                                                   self._budget(chunk.body), source=chunk.body), chunk.body)
-                why = drift_reason(chunk.body, text, kind, self.settings, stopped=self.last_stop)
+                why = drift_reason(chunk.body, text, kind, self.settings, stopped=self.last_stop,
+                                   instruction=instruction)
                 score = similarity(chunk.body, text)
                 if why:
                     text = chunk.body

@@ -17,7 +17,9 @@ so it looks fast exactly when it is worst. Three rules, each written once here:
 * **Length bound.** A rewrite of ``n`` source tokens may take ``length_bound(n)`` new tokens.
   Reaching it means the rewrite is incomplete or runaway: the chunk is kept as it was.
 * **Drift.** A finished rewrite replaces its source only when its similarity to the source is
-  at least the floor, its length is within ``max_growth``, and its structure survived:
+  at least the floor (0.8 for an instruction that asks for corrections: typos, spelling,
+  grammar, punctuation; 0.5 for any other, which asks for rewording), its length is within
+  ``max_growth``, and its structure survived:
   Markdown front matter, heading levels, list items and code fences; code that parsed as Python
   still parses.
 
@@ -25,9 +27,10 @@ How often each rule would stop or discard a person's edit (the shared rewriting 
 code-editing sets' references against their sources; ``python -m eval realdocs --bounds``,
 ``eval/results/realdocs/bounds.md``): the loop stop never; the length bound at most 0.2% of
 corrections and rewrites, 5-6% of code edits that add code; the similarity floor 1-6% of
-corrections (humanevalfix, jfleg) but about half of simplifications and instruction edits,
-which want ``--keep-drifted 0.5``. The floor is set by what the default model does on real
-documents (``eval/results/realdocs/suite.md``): its rewrites between 0.5 and 0.8 were garbage.
+corrections (humanevalfix, jfleg) at 0.8, of simplifications (asset) 7.8% at 0.5, sentence by
+sentence; in a document none. The correction floor is set by what the default model does on
+real documents asked to fix typos (``eval/results/realdocs/suite.md``): its rewrites between
+0.5 and 0.8 were garbage.
 
 Every number the rules use is a field of :class:`~ngramspec.app.settings.JobSettings` (why each
 is what it is: its docstring); each function takes the settings, the defaults when left out.
@@ -144,17 +147,19 @@ def parses_as_python(text: str) -> bool:
     return True
 
 
-def drift_reason(source: str, text: str, kind: str, settings: JobSettings = DEFAULTS, stopped: str = "") -> str:
+def drift_reason(source: str, text: str, kind: str, settings: JobSettings = DEFAULTS, stopped: str = "",
+                 instruction: str = "") -> str:
     """Why ``text`` must not replace ``source`` (a chunk of a document of ``kind``), or "" when
     it may. ``stopped``: "loop" or "length" when generation was cut by the loop stop or the
-    length bound. ``settings.similarity_floor`` 0 turns the whole guard off."""
+    length bound. ``instruction`` sets the similarity floor (``settings.floor``: stricter for
+    corrections than for rewording). ``settings.similarity_floor`` 0 turns the whole guard off."""
     if not settings.guarded:
         return ""
     if stopped == "loop":
         return "it repeated itself (generation stopped early)"
     if stopped == "length":
         return "it ran past the length bound (generation stopped)"
-    max_growth, floor = settings.max_growth, settings.similarity_floor
+    max_growth, floor = settings.max_growth, settings.floor(instruction)
     if len(text) > max_growth * len(source) + settings.growth_slack_chars:
         return f"{len(text) / len(source):.2f}x as long as its source (over --max-growth {max_growth})"
     score = similarity(source, text)

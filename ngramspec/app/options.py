@@ -65,7 +65,7 @@ def _config_options(parser: argparse.ArgumentParser, full: bool) -> None:
             where.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction,
                                help=shown(described[name] + f" (default: {f.default})"))
         else:
-            text = described[name] + f" (default: {f.default})"
+            text = described[name] + f" (default: {'off' if f.default is None else f.default})"
             if name == "verify_cost":  # its default None is "auto"
                 text = described[name] + " Or a fixed curve, q:cost pairs relative to one token: " \
                     "1:1.0,8:1.5,24:2.0 (default: auto)"
@@ -124,8 +124,10 @@ def build_parser(full: bool = False, description: str = "") -> argparse.Argument
                                 "(`patch -p0 < DIFF` applies it)")
             p.add_argument("--keep-drifted", type=float, default=defaults.similarity_floor, metavar="BELOW",
                            help="drift guard: keep a chunk as it was when its rewrite's similarity to it (0-1) is "
-                                "below BELOW, it grew past --max-growth, or its structure broke (exit status 3); "
-                                "0.5 suits simplifying or restyling, 0 turns the guard off")
+                                f"below BELOW, it grew past --max-growth, or its structure broke (exit status 3); "
+                                f"0 turns the guard off (default: by the instruction, {defaults.correction_floor} "
+                                f"for corrections of typos, spelling, grammar or punctuation, "
+                                f"{defaults.rewording_floor} for any other, which asks for rewording)")
             p.add_argument("--max-growth", type=float, default=defaults.max_growth, metavar="RATIO",
                            help="drift guard: longest rewrite kept, as a multiple of its chunk's length; raise it "
                                 "for instructions that add text")

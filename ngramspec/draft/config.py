@@ -42,6 +42,8 @@ class DraftTuning:
         explore_below: with a cost model that has not timed a plain step at this context, a
             draft whose expected gain over a plain step is below this factor gives way to a
             plain step, which measures it.
+        first_risk: plain steps a request's first drafts may lose before its own drafts have
+            earned any (the loss budget, ``max_loss``; :class:`~ngramspec.draft.sizing.LossBudget`).
         request_weight: positions of a request's own evidence that weigh as much as the pooled
             estimate it starts from (:mod:`ngramspec.draft.acceptance`).
         pool_prior_weight: positions the pooled estimate's prior weighs.
@@ -60,6 +62,7 @@ class DraftTuning:
     # token trees (ngramspec.draft.tree) and exploring (ngramspec.draft.sessions)
     tree_cost_slack: float = 0.1
     explore_below: float = 2.0
+    first_risk: float = 0.5
     # acceptance (ngramspec.draft.acceptance)
     request_weight: float = 4.0
     pool_prior_weight: float = 2.0
@@ -74,7 +77,7 @@ class DraftTuning:
                 raise ValueError(f"{name} must be >= {bound}, got {getattr(self, name)!r}.")
 
 
-_MAY_BE_ZERO = ("fuzzy_below_n", "tree_cost_slack", "explore_below")  # 0 turns these rules off
+_MAY_BE_ZERO = ("fuzzy_below_n", "tree_cost_slack", "explore_below", "first_risk")  # 0 turns these rules off
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,16 @@ class SpeculatorConfig:
             generate() and the vLLM drafter alike: replay of the 220 greedy traces moves -0.1% to
             +0.1% (their edits rarely recur); a rename repeated through a text needs 27 verify
             passes instead of 119.
+        max_loss: None (the default): no loss bound. A share such as 0.02: the most a request
+            may lose to drafts the target refuses, as a share of its plain steps: with payoff
+            sizing, a draft is cut to what the request can afford to lose were all of it
+            refused, so its forwards cost at most (1 + max_loss) x its tokens +
+            ``draft_tuning.first_risk`` plain steps by the cost model, whatever it copies
+            (:class:`~ngramspec.draft.sizing.LossBudget`). Off by default: on 12 long-prompt
+            summaries (1.2-2.4k tokens, 2-core CPU) 0.02 gave 1.12-1.14x plain against
+            1.17-1.18x without it, with no better worst item: after a refused draft, a request
+            at 2.4k tokens of context waits ~15 plain steps before a 1-token draft (0.33 plain
+            steps there) is affordable again, while its text goes on copying.
         cost_tuning: how the online cost model (``verify_cost`` None) learns from timings:
             :class:`~ngramspec.cost.costmodel.CostModelTuning`, its settings named
             ``cost_tuning.window`` and so on in settings text.
@@ -164,6 +177,7 @@ class SpeculatorConfig:
     max_tree_tokens: int = 32
     history_tokens: int = 0
     edit_recurrence: bool = False
+    max_loss: float | None = None
     # --- Tuning that once lived in module constants (issue 40); defaults as those were ---
     cost_tuning: CostModelTuning = CostModelTuning()
     draft_tuning: DraftTuning = DraftTuning()
@@ -202,6 +216,8 @@ class SpeculatorConfig:
             raise SettingError(f"acceptance_prior must be in (0, 1), got {self.acceptance_prior}.")
         if not 0.0 <= self.acceptance_memory <= 1.0:
             raise SettingError(f"acceptance_memory must be in [0, 1], got {self.acceptance_memory}.")
+        if self.max_loss is not None and not 0.0 <= self.max_loss < float("inf"):
+            raise SettingError(f"max_loss must be a share >= 0, or None (no bound), got {self.max_loss}.")
         if self.verify_cost is not None:  # validated (its messages), kept as normalised points
             try:
                 object.__setattr__(self, "verify_cost", CostCurve(self.verify_cost).points)
@@ -248,6 +264,8 @@ TYPE_CHECKS = {  # type name -> (accepts a Python value, what it takes)
     "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
     "bool": (lambda v: isinstance(v, bool), "True or False"),
     "str": (lambda v: isinstance(v, str), "text"),
+    "float | None": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+                     "a number or None"),
 }
 
 
@@ -269,6 +287,7 @@ READERS = {  # type name -> (text -> value, raising ValueError; what the text mu
     "float": (float, "a number"),
     "bool": (_read_bool, "true or false"),
     "str": (str, "text"),
+    "float | None": (lambda text: None if text.lower() in ("none", "off") else float(text), "off or a number"),
     "tuple | None": (_read_curve, "auto or a cost curve, q:cost pairs from q=1 with q increasing and costs "
                                   "positive (1:1.0,8:1.5)"),
 }

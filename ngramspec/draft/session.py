@@ -22,6 +22,7 @@ from .sessions import (
     extend_slot,
     propose_slot,
 )
+from .sizing import LossBudget
 from .tuning import fixed_cost_model
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
@@ -48,6 +49,11 @@ class SpeculationSession:
         self._out, self._branch, self._scratch = (np.zeros(width, dtype=np.int32) for _ in range(3))
         self._parents = np.zeros(width, dtype=np.int32)
         self._estimates = np.zeros(width)
+        # The loss bound (sizing.LossBudget): with payoff sizing, drafts are cut to what this
+        # request can afford to lose; each step is settled against the cost table it was cut by.
+        self._budget = LossBudget(config.max_loss, config.draft_tuning.first_risk) \
+            if config.payoff_sizing and config.max_loss is not None else None
+        self._step_costs, self._proposed = None, 0
         self._extend(prompt)
 
     @property
@@ -74,13 +80,18 @@ class SpeculationSession:
         sized = sized and c.payoff_sizing
         length = self.length
         costs = self._cost_model.table(length, c.max_draft_tokens + 1) if sized else _NO_COSTS
-        tree_costs = self._cost_model.table(length, max(c.max_tree_tokens, c.max_draft_tokens) + 1) \
-            if wanted > 1 else _NO_COSTS
+        wide = self._cost_model.table(length, max(c.max_tree_tokens, c.max_draft_tokens) + 1) \
+            if wanted > 1 or self._budget is not None else _NO_COSTS  # q up to any tree's tokens + 1
+        tree_costs = wide if wanted > 1 else _NO_COSTS
+        if self._budget is not None:
+            limit = min(limit, self._budget.cap(wide))
+            self._step_costs = wide
         needs_baseline = sized and self._cost_model.needs_baseline(length)
         count, chain, is_tree, match_len, source_start = propose_slot(
             self._slot, max(limit, 0), wanted, sized, needs_baseline, costs, tree_costs, *self._table.arrays(),
             *self._table.history_arrays(), self._table.knob_values, self._out, self._parents, self._estimates,
             self._scratch, self._branch)
+        self._proposed = int(count)
         if count == 0:
             return Draft(_NO_TOKENS, match_len=int(match_len), source_start=int(source_start))
         return Draft(self._out[:count].copy(), self._parents[:count].copy() if is_tree else None,
@@ -95,7 +106,12 @@ class SpeculationSession:
         if verified and not state[PENDING]:
             raise ValueError("extend(verified=...) given, but no draft is pending.")
         state[VERIFIED], state[ACTIVE] = (-1 if verified is None else verified), 1
-        self._extend(as_token_array(accepted_tokens))
+        tokens = as_token_array(accepted_tokens)
+        if self._budget is not None and self._step_costs is not None:
+            drafted = self._proposed if verified is None else min(verified, self._proposed)
+            self._budget.settle(tokens.shape[0], 1 + drafted, self._step_costs)
+            self._step_costs, self._proposed = None, 0
+        self._extend(tokens)
 
     def _extend(self, tokens: np.ndarray) -> None:
         if self.length + tokens.shape[0] > MAX_POSITIONS:

@@ -23,6 +23,19 @@ step_costs[m] = 1 + 0.1 (2 + m - 1): gains 0.9 0.81 0.73 | 0.5 0.25 -> sorted 0.
 
 All rows of a step are sized in one compiled call (:func:`draft_lengths`); the plain-Python
 reference is ``tests/reference_sizing.py`` (a Hypothesis test pins them together).
+
+**The loss bound** (:class:`LossBudget`): expected value alone can buy a long draft at the full
+price of a long verify before the request has shown whether it copies (a long match after a long
+prompt). Each request therefore keeps a credit, in plain steps: each step is given ``max_loss``
+before it runs (the first also ``first_risk``) and settles what it saved, its emitted tokens
+less its cost (``costs[q] / costs[1]``, q tokens verified). A draft is cut to the longest whose verify, were
+all of it refused (one token emitted), loses no more than the credit. The credit thus never goes
+below 0, so a request's forwards cost at most (1 + max_loss) x its tokens + first_risk plain
+steps, whatever it drafts: at least 1 / (1.02 + 0.5 / tokens) of plain speed with the defaults.
+Worked example (max_loss 0.02, first_risk 0.5, costs[q] = 1 + (q - 1) / 16): credit 0.52 affords
+8 tokens (cost 1.5); all refused -> credit 0.52 + 1 - 1.5 + 0.02 = 0.04 (no draft: plain steps,
++0.02 each, until a draft of 1 costs no more than the credit); all 8 kept -> credit 0.52 + 9 -
+1.5 + 0.02 = 8.04, which affords the 24-token maximum. max_loss None (the default): no bound.
 """
 
 from __future__ import annotations
@@ -119,6 +132,27 @@ def _by_gain(gains):
             order[b] = i
         start = buckets[k]
     return order
+
+
+class LossBudget:
+    """One request's credit under the loss bound (module doc): ``cap`` a draft to what it can
+    afford to lose, ``settle`` each step's tokens against its cost."""
+
+    def __init__(self, max_loss: float, first_risk: float):
+        self.max_loss, self.credit = max_loss, first_risk + max_loss
+
+    def cap(self, costs) -> int:
+        """The longest draft k with costs[k + 1] / costs[1] - 1 <= credit (costs[q]: a forward
+        over q tokens, q >= 1; a learned table need not rise everywhere with q)."""
+        longest = 0
+        for k in range(1, len(costs) - 1):
+            if costs[k + 1] / costs[1] - 1.0 <= self.credit:
+                longest = k
+        return longest
+
+    def settle(self, emitted: int, verified: int, costs) -> None:
+        """A step verified ``verified`` tokens (1 + its draft) and emitted ``emitted``."""
+        self.credit += self.max_loss + emitted - costs[verified] / costs[1]
 
 
 def warm_up() -> None:
