@@ -108,3 +108,18 @@ def test_the_gain_order_is_a_stable_sort(acceptance, positions):
     assert _by_gain(gains).tolist() == np.argsort(-gains, kind="stable").tolist()
     signed = np.concatenate([gains, [-0.0, 0.0, -0.0]])  # a negative zero is a zero, not below one
     assert _by_gain(signed).tolist() == np.argsort(-signed, kind="stable").tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=0, max_size=12), st.lists(st.floats(0.2, 5.0), min_size=13, max_size=13))
+def test_one_row_is_sized_alike_both_ways(acceptance, costs):
+    """A single request's draft is sized by the padded kernel (the flattened one's sort is left
+    uncompiled in a transformers process): for one row the two agree exactly, lengths and value."""
+    from ngramspec.draft.sizing import flattened_lengths, padded_lengths
+
+    row = np.array([acceptance], dtype=np.float64).reshape(1, len(acceptance))
+    limits = np.array([len(acceptance)], dtype=np.int64)
+    step_costs = np.array(costs, dtype=np.float64)
+    padded, padded_value = padded_lengths(row, limits, step_costs)
+    flattened, flattened_value = flattened_lengths(row, limits, step_costs)
+    assert padded.tolist() == flattened.tolist() and padded_value == flattened_value
