@@ -36,6 +36,8 @@ COMMANDS = {
     "bench": Command("bench", "speed table: greedy vs hf-pld vs ngramspec, any batch sizes and dtypes"),
     "drafter": Command("drafter_cost", "drafter time per step at 1k, 16k and 128k tokens of context (no model); "
                                        "--memory: its peak bytes per token at 1M too"),
+    "coldstart": Command("coldstart", "a fresh install's first generate() (empty Numba cache) against a warm "
+                                      "process's: best of N, cold minus warm"),
     "cost-curve": Command("cost_curve", "verify-cost curve of a model: one forward over q tokens vs one token"),
     "insitu-cost": Command("insitu_cost", "the verify-cost curve measured inside real decoding"),
     "realdocs": Command("realdocs", "real documents, typos injected: typos fixed, guard, parse, speed-up"),

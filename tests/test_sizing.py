@@ -167,3 +167,18 @@ def test_a_requests_first_draft_risks_only_first_risk(max_loss, first):
     assert len(session.propose()) == first
     session.extend(np.array([stretch[1]], dtype=np.int32))  # refused at once (the copy predicts stretch[0])
     assert (len(session.propose()) == 0) == (max_loss == 0.02)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=0, max_size=12), st.lists(st.floats(0.2, 5.0), min_size=13, max_size=13))
+def test_one_row_is_sized_alike_both_ways(acceptance, costs):
+    """A single request's draft is sized by the padded kernel (the flattened one's sort is left
+    uncompiled in a transformers process): for one row the two agree exactly, lengths and value."""
+    from ngramspec.draft.sizing import flattened_lengths, padded_lengths
+
+    row = np.array([acceptance], dtype=np.float64).reshape(1, len(acceptance))
+    limits = np.array([len(acceptance)], dtype=np.int64)
+    step_costs = np.array(costs, dtype=np.float64)
+    padded, padded_value = padded_lengths(row, limits, step_costs)
+    flattened, flattened_value = flattened_lengths(row, limits, step_costs)
+    assert padded.tolist() == flattened.tolist() and padded_value == flattened_value

@@ -133,12 +133,3 @@ def new_evidence() -> np.ndarray:
     REJECTED (positions) and DOUBT."""
     return np.zeros((3, SOURCES * BUCKETS))
 
-
-def warm_up() -> None:
-    """Compile (or load from Numba's cache) every kernel here, so no step pays the JIT."""
-    own, pool = new_evidence(), new_evidence()
-    stream = np.zeros(4, dtype=np.int32)
-    match = match_length(stream, 4, 2)
-    position_acceptance(own, pool, 0.5, OWN, match, np.zeros(2), 4.0, 2.0)
-    learn(own, pool, OWN, match, 1, 2, 4096.0)
-    fade(own, OWN, match, 0.9)

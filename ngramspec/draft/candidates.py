@@ -71,11 +71,14 @@ def candidates(wanted, stream, length, table, cursor, lost_at, lost_source, hist
     if history_length > 0 and longest < max_n:
         # Earlier outputs win where they match a longer context than this request's own text
         # does (a longer match predicts better); otherwise they are one more branch.
-        n, start, _ = index_find(history, stream[max(0, length - max_n) : length], knobs.min_n, max_n, True,
-                                 history_slots)
+        # np.bool_(True), not True: a literal argument compiles index_find a second time.
+        n, start, _ = index_find(history, stream[max(0, length - max_n) : length], knobs.min_n, max_n,
+                                 np.bool_(True), history_slots)
         if n > 0 and start < history_length and history[start] != SEPARATOR:
             at = following if n > longest else count
-            found[at + 1 : count + 1] = found[at:count].copy()
+            for i in range(count - 1, at - 1, -1):  # rows at.. move down one (element copies: a slice
+                for k in range(4):  # assignment's shape-check path compiles for ~1 s)
+                    found[i + 1, k] = found[i, k]
             found[at, 0], found[at, 1], found[at, 2], found[at, 3] = start, n, 0, 0
             count += 1
     unique = 0
@@ -84,7 +87,8 @@ def candidates(wanted, stream, length, table, cursor, lost_at, lost_source, hist
         for j in range(unique):
             seen = seen or (found[j, 2] == found[i, 2] and found[j, 0] == found[i, 0])
         if not seen:
-            found[unique] = found[i]
+            for k in range(4):
+                found[unique, k] = found[i, k]
             unique += 1
             if unique == wanted:
                 break
@@ -107,10 +111,20 @@ def continuation(start, own, limit, stream, length, prompt_length, history, edit
     # The copied span may run into the suffix itself: the text is then periodic with period
     # length - start, and the draft continues the period (a run "a b a b a" drafts "b a b a ...").
     period = length - start
-    edited = start < prompt_length and edit_stamps.max() > 0
+    edited = start < prompt_length and _any_edit(edit_stamps)
     copied = scratch if edited else out
     for j in range(limit):
         copied[j] = stream[start + j % period]
     if edited:
         return apply_edits(copied[:limit], limit, edit_tokens, edit_sizes, edit_stamps, out)
     return limit, -1, -1
+
+
+@njit(cache=True)
+def _any_edit(stamps):
+    """Whether any edit is stored (a stamp above 0): a loop, where ``stamps.max()`` compiles NumPy's
+    reduction (~0.4 s on a fresh install)."""
+    for e in range(stamps.shape[0]):
+        if stamps[e] > 0:
+            return True
+    return False

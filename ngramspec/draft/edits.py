@@ -32,13 +32,14 @@ def apply_edits(copied, limit, tokens, sizes, stamps, out):
     """Copy ``copied`` into ``out`` (room for ``limit`` + the edit span), replacing each span an edit
     replaced by what it wrote (the oldest edit first where several match). Returns (tokens
     written, at most ``limit``; the first edit applied, -1 if none; its position in ``out``)."""
-    order = np.argsort(stamps)  # free entries (stamp 0) first, skipped below
+    # The oldest matching edit is the live one (stamp > 0; live stamps are distinct) of least
+    # stamp: a scan, not np.argsort, whose sort Numba compiles for ~1 s on a fresh install.
     j, written, first, first_at = 0, 0, -1, -1
     while j < copied.shape[0] and written < limit:
-        applied = False
-        for e in order:
+        applied = -1
+        for e in range(stamps.shape[0]):
             span = sizes[e, 0]
-            if stamps[e] == 0 or j + span > copied.shape[0]:
+            if stamps[e] == 0 or j + span > copied.shape[0] or (applied >= 0 and stamps[e] > stamps[applied]):
                 continue
             same = True
             for i in range(span):
@@ -46,15 +47,15 @@ def apply_edits(copied, limit, tokens, sizes, stamps, out):
                     same = False
                     break
             if same:
-                if first < 0:
-                    first, first_at = e, written
-                for i in range(sizes[e, 1]):
-                    out[written] = tokens[e, 1, i]
-                    written += 1
-                j += span
-                applied = True
-                break
-        if not applied:
+                applied = e
+        if applied >= 0:
+            if first < 0:
+                first, first_at = applied, written
+            for i in range(sizes[applied, 1]):
+                out[written] = tokens[applied, 1, i]
+                written += 1
+            j += sizes[applied, 0]
+        else:
             out[written] = copied[j]
             written += 1
             j += 1
@@ -83,7 +84,7 @@ def learn_edit(stream, old_length, source, lost_at, lost_source, prompt_length, 
         return False
     free, oldest = -1, 0
     for e in range(stamps.shape[0]):
-        if stamps[e] and sizes[e, 0] == b1 - b0 and np.array_equal(tokens[e, 0, : b1 - b0], stream[b0:b1]):
+        if stamps[e] and sizes[e, 0] == b1 - b0 and _same(tokens[e, 0], stream, b0, b1):
             stamps[e] = 0  # learned again: it becomes the newest
         if stamps[e] == 0:
             if free < 0:
@@ -92,8 +93,21 @@ def learn_edit(stream, old_length, source, lost_at, lost_source, prompt_length, 
             oldest = e
     if free < 0:  # full: the oldest goes
         free = oldest
-    tokens[free, 0, : b1 - b0] = stream[b0:b1]
-    tokens[free, 1, : a1 - a0] = stream[a0:a1]
+    # Element loops, not slice assignments: those compile a shape-mismatch error path (~1 s).
+    for i in range(b1 - b0):
+        tokens[free, 0, i] = stream[b0 + i]
+    for i in range(a1 - a0):
+        tokens[free, 1, i] = stream[a0 + i]
     sizes[free, 0], sizes[free, 1] = b1 - b0, a1 - a0
     stamps[free] = clock + 1
+    return True
+
+
+@njit(cache=True)
+def _same(span, stream, start, end):
+    """Whether ``span[: end - start]`` equals ``stream[start:end]`` (np.array_equal without its
+    compile time)."""
+    for i in range(end - start):
+        if span[i] != stream[start + i]:
+            return False
     return True

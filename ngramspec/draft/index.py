@@ -149,7 +149,8 @@ def index_extend(tokens, slots, length, used, new_tokens, min_n, max_n):
         raise ValueError("an n-gram index holds at most 268,435,456 tokens")
     if length + count > tokens.shape[0]:
         grown = np.zeros(min(_grown(tokens.shape[0], length + count, ROOM), MAX_POSITIONS), dtype=np.int32)
-        grown[:length] = tokens[:length]
+        for i in range(length):  # not a slice assignment, whose shape-check path compiles for ~1.5 s
+            grown[i] = tokens[i]
         tokens = grown
     per_token = max_n - min_n + 1
     worst = used + count * per_token

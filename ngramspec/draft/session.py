@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 
 from .config import SpeculatorConfig
-from .history import History
 from .index import MAX_POSITIONS
 from .proposal import Draft, as_token_array
 from .sessions import (
@@ -143,21 +142,19 @@ class SpeculationSession:
 
 
 def warm_up() -> None:
-    """Compile (or load from Numba's cache) the engine's kernels for one slot and for rows, so
-    no request pays the JIT: a sized tree with edits and history, then an unsized chain."""
-    config = SpeculatorConfig(min_n=1, max_n=3, tree_branches=2, edit_recurrence=True, history_tokens=64)
-    history = History(config)
-    history.add(np.array([1, 2, 3], dtype=np.int32))
-    session = SpeculationSession(config, np.array([1, 2, 3, 4, 1, 2, 5, 1], dtype=np.int32), history=history)
+    """Compile (or load from Numba's cache) the engine's kernels for one slot, so no request pays
+    the JIT: a sized tree with edits, then an unsized chain. No history (an NgramIndex from
+    Python: the speculator warms it where it has one; the engine's compiled copy of the lookup
+    is data-independent) and not vLLM's :func:`~ngramspec.draft.sessions.draft_rows` (~5 s on a
+    fresh install: its proposer warms that itself)."""
+    config = SpeculatorConfig(min_n=1, max_n=3, tree_branches=2, edit_recurrence=True)
+    session = SpeculationSession(config, np.array([1, 2, 3, 4, 1, 2, 5, 1], dtype=np.int32), capacity=64)
     for step in ([2], [9, 4, 1]):
         session.propose()
         session.extend(np.array(step, dtype=np.int32))
     session.propose(sized=False, tree=False)
     session.extend(np.array([2], dtype=np.int32), verified=0)
     session.finish()
-    table = SessionTable(config, history, slots=1)
-    table.draft(np.array([[1, 2, 1]], dtype=np.int32), np.array([0]), np.array([3]), np.array([table.new(2)]),
-                np.array([4]))
 
 
 _NO_COSTS = np.zeros(1)

@@ -37,7 +37,7 @@ from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_
 from .candidates import candidates, continuation
 from .edits import learn_edit, new_edits
 from .index import index_extend, table_size
-from .sizing import draft_lengths
+from .sizing import padded_lengths
 from .tree import add_branch, tree_budget
 
 # Columns of ``state`` (int64, one row per slot). PENDING: a draft awaits its verdict, of
@@ -68,10 +68,17 @@ def read_knobs(v):
 
 
 @njit(cache=True)
-def _extend(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes,
-            edit_stamps, knobs):
-    """Slot s learns how much of its pending draft the target kept, appends ``new`` (int32)
-    and moves its copy cursor; learns an edit where a copy from the prompt resumed."""
+def extend_slot(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes,
+                edit_stamps, knob_values):
+    """Slot s takes the tokens the target emitted (``new``, int32), its pending draft having had
+    ``state[s, VERIFIED]`` tokens verified (-1: all): it learns how much of that draft the target
+    kept, appends ``new`` and moves its copy cursor; learns an edit where a copy from the prompt
+    resumed. The knobs come packed (:func:`read_knobs`).
+
+    One compiled entry point, not a wrapper over an inner kernel: Numba optimises and emits
+    every compiled function's callees again inside it, so each level of calls adds to what a
+    fresh install compiles."""
+    knobs = read_knobs(knob_values)
     count = new.shape[0]
     sources = 0
     if state[s, PENDING]:
@@ -133,8 +140,8 @@ def _best_length(own, source, match, acceptance, costs, needs_baseline, knobs):
     a forward over q tokens. ``needs_baseline``: no plain step timed at this context yet, so a
     draft expected to gain less than ``knobs.explore_below`` gives way to a plain step."""
     limit = acceptance.shape[0]
-    lengths, best = draft_lengths(acceptance.copy().reshape((1, limit)), np.array([limit], dtype=np.int64),
-                                  costs[1 : limit + 2].copy(), False)
+    lengths, best = padded_lengths(acceptance.copy().reshape((1, limit)), np.array([limit], dtype=np.int64),
+                                   costs[1 : limit + 2].copy())
     if lengths[0] == 0:  # not drafting: let old evidence fade so such drafts are retried
         fade(own, source, match, knobs.memory)
     elif best < knobs.explore_below and needs_baseline:
@@ -146,22 +153,14 @@ def _best_length(own, source, match, acceptance, costs, needs_baseline, knobs):
 def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, streams, tables, state, evidence, pool,
                  pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
                  knob_values, out, parents, estimates, scratch, branch):
-    """:func:`_propose` for one slot, the knobs packed (:func:`read_knobs`)."""
-    return _propose(s, limit, wanted, sized, needs_baseline, costs, tree_costs, streams, tables, state, evidence, pool,
-                    pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
-                    read_knobs(knob_values), out, parents, estimates, scratch, branch)
-
-
-@njit(cache=True)
-def _propose(s, limit, wanted, sized, needs_baseline, costs, tree_costs, streams, tables, state, evidence, pool,
-             pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length, knobs,
-             out, parents, estimates, scratch, branch):
     """Slot s drafts up to ``limit`` tokens from up to ``wanted`` candidates (a tree where
     several add tokens), sized by ``costs`` (q -> a forward over q tokens, q up to limit + 1)
     where ``sized``, the tree by ``tree_costs`` (q up to max(max_tree_tokens, limit) + 1).
     Returns (tokens in ``out``, of them the chain, whether ``parents`` holds a tree, the first
     candidate's match length and start); ``estimates[:chain]`` each chain position's estimate.
-    out, branch, scratch: room for max(limit, max_tree_tokens) + edit span int32."""
+    out, branch, scratch: room for max(limit, max_tree_tokens) + edit span int32. The knobs come
+    packed (:func:`read_knobs`); one entry point, no inner kernel (see :func:`extend_slot`)."""
+    knobs = read_knobs(knob_values)
     state[s, PENDING] = 0
     if limit <= 0:  # no room left for a draft: nothing to decide
         return 0, 0, False, 0, -1
@@ -193,7 +192,8 @@ def _propose(s, limit, wanted, sized, needs_baseline, costs, tree_costs, streams
             n, _, _ = continuation(found[c, 0], found[c, 2], limit, stream, length, prompt_length, history, *edits,
                                    branch, scratch)
             total = add_branch(out, parents, total, branch[:n], budget)
-    pending[s, :chain] = out[:chain]
+    for i in range(chain):  # element copies: a slice assignment compiles a shape-check path (~1 s)
+        pending[s, i] = out[i]
     state[s, PENDING], state[s, PENDING_LEN] = 1, chain
     state[s, PENDING_SOURCE], state[s, PENDING_MATCH] = source, match
     state[s, PENDING_EDIT], state[s, PENDING_EDIT_AT] = edit, edit_at
@@ -207,15 +207,6 @@ def _propose(s, limit, wanted, sized, needs_baseline, costs, tree_costs, streams
 
 
 @njit(cache=True)
-def extend_slot(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes,
-                edit_stamps, knob_values):
-    """Slot s takes the tokens the target emitted (``new``, int32), its pending draft having had
-    ``state[s, VERIFIED]`` tokens verified (-1: all)."""
-    _extend(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes, edit_stamps,
-            read_knobs(knob_values))
-
-
-@njit(cache=True)
 def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evidence, pool, pending, branches,
                edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length, knob_values, drafts,
                lengths, acceptance):
@@ -226,7 +217,6 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
 
     token_ids (R, L) int32: every row's text, as vLLM keeps it; rows, ends, slots, limits (A,)
     int64; drafts (A, K >= limits.max()) int32, lengths (A,) int64, acceptance (A, K) float64."""
-    knobs = read_knobs(knob_values)
     width = drafts.shape[1] + edit_tokens.shape[3]
     out, scratch = np.zeros(width, dtype=np.int32), np.zeros(width, dtype=np.int32)
     no_costs, no_parents = np.zeros(1), np.zeros(1, dtype=np.int32)
@@ -234,13 +224,14 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
         s = slots[r]
         seen = state[s, LENGTH]
         if seen < ends[r]:
-            _extend(s, token_ids[rows[r], seen : ends[r]], streams, tables, state, evidence, pool, pending, branches,
-                    edit_tokens, edit_sizes, edit_stamps, knobs)
-        lengths[r] = _propose(s, limits[r], 1, False, False, no_costs, no_costs, streams, tables, state, evidence,
-                                  pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history,
-                                  history_slots, history_length, knobs, out, no_parents, acceptance[r], scratch,
-                                  scratch)[0]
-        drafts[r, : lengths[r]] = out[: lengths[r]]
+            extend_slot(s, token_ids[rows[r], seen : ends[r]], streams, tables, state, evidence, pool, pending,
+                        branches, edit_tokens, edit_sizes, edit_stamps, knob_values)
+        lengths[r] = propose_slot(s, limits[r], 1, False, False, no_costs, no_costs, streams, tables, state,
+                                  evidence, pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history,
+                                  history_slots, history_length, knob_values, out, no_parents, acceptance[r],
+                                  scratch, scratch)[0]
+        for i in range(lengths[r]):
+            drafts[r, i] = out[i]
 
 
 class SessionTable:

@@ -21,7 +21,7 @@ Worked example, flattened, acceptance ((0.9, 0.9, 0.9), (0.5, 0.5)), limits (3, 
 step_costs[m] = 1 + 0.1 (2 + m - 1): gains 0.9 0.81 0.73 | 0.5 0.25 -> sorted 0.9 0.81 0.73 0.5
 0.25; (2 + first m) / cost: m=0 1.82, 1 2.32, 2 2.71, 3 2.96, 4 3.08, 5 3.06 -> m=4: lengths (3, 1).
 
-All rows of a step are sized in one compiled call (:func:`draft_lengths`); the plain-Python
+All rows of a step are sized in one compiled call (:func:`draft_lengths`'s two kernels); the plain-Python
 reference is ``tests/reference_sizing.py`` (a Hypothesis test pins them together).
 
 **The loss bound** (:class:`LossBudget`): expected value alone can buy a long draft at the full
@@ -44,34 +44,56 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
 def draft_lengths(acceptance, limits, step_costs, padded):
     """Each row's draft length (int64) and the best value (expected tokens per unit cost).
 
     acceptance (rows, K) float64 in [0, 1], K >= limits.max(): each position's acceptance given
     the one before it was; limits (rows,) int64, each row's longest draft; step_costs (M + 1,)
-    float64: flattened, M >= limits.sum(); padded, M >= limits.max().
+    float64: flattened, M >= limits.sum(); padded, M >= limits.max(). The two ways are two
+    kernels (:func:`padded_lengths`, :func:`flattened_lengths`) that compiled callers name
+    directly: a transformers process never compiles the flattened one's sort (~1 s).
     """
+    return (padded_lengths if padded else flattened_lengths)(acceptance, limits, step_costs)
+
+
+@njit(cache=True)
+def padded_lengths(acceptance, limits, step_costs):
+    """:func:`draft_lengths`, padded. For one row it equals the flattened way (a row's gains fall
+    with j, so taking its positions by gain is taking them in order), which is how a single
+    request's draft is sized."""
     rows = limits.shape[0]
     lengths = np.zeros(rows, dtype=np.int64)
     if rows == 0:
         return lengths, 0.0
     best_m, best = 0, rows / step_costs[0]
-    if padded:
-        longest = limits.max()
-        power = np.ones(rows)
-        expected = float(rows)
-        for k in range(1, longest + 1):
-            for b in range(rows):
-                if limits[b] >= k:
-                    power[b] *= acceptance[b, k - 1]
-                    expected += power[b]
-            value = expected / step_costs[k]
-            if value > best:
-                best_m, best = k, value
+    longest = 0
+    for b in range(rows):  # loops, not limits.max() and np.ones: each compiles for ~0.3 s
+        longest = max(longest, limits[b])
+    power = np.empty(rows)
+    for b in range(rows):
+        power[b] = 1.0
+    expected = float(rows)
+    for k in range(1, longest + 1):
         for b in range(rows):
-            lengths[b] = min(best_m, limits[b])
-        return lengths, best
+            if limits[b] >= k:
+                power[b] *= acceptance[b, k - 1]
+                expected += power[b]
+        value = expected / step_costs[k]
+        if value > best:
+            best_m, best = k, value
+    for b in range(rows):
+        lengths[b] = min(best_m, limits[b])
+    return lengths, best
+
+
+@njit(cache=True)
+def flattened_lengths(acceptance, limits, step_costs):
+    """:func:`draft_lengths`, flattened (vLLM's rows)."""
+    rows = limits.shape[0]
+    lengths = np.zeros(rows, dtype=np.int64)
+    if rows == 0:
+        return lengths, 0.0
+    best_m, best = 0, rows / step_costs[0]
     total = limits.sum()
     gains = np.empty(total)
     owner = np.empty(total, dtype=np.int64)
@@ -156,6 +178,6 @@ class LossBudget:
 
 
 def warm_up() -> None:
-    """Compile (or load from Numba's cache) both ways, so no step pays the JIT."""
-    for padded in (False, True):
-        draft_lengths(np.full((1, 2), 0.5), np.array([2], dtype=np.int64), np.ones(3), padded)
+    """Compile (or load from Numba's cache) the padded way, a transformers batch's (vLLM's
+    proposer warms the flattened one), so no step pays the JIT."""
+    padded_lengths(np.full((1, 2), 0.5), np.array([2], dtype=np.int64), np.ones(3))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from ..cost.costmodel import OnlineCost
 from .acceptance import new_evidence
-from .acceptance import warm_up as warm_up_acceptance
 from .config import SpeculatorConfig, config_with
 from .history import History
 from .index import warm_up
@@ -51,9 +50,9 @@ class NgramSpeculator:
                            else fixed_cost_model(config))
         # Acceptance evidence pooled over this speculator's requests (ngramspec.draft.acceptance).
         self.pool = new_evidence()
-        warm_up()
+        if self.history is not None:  # a history is an NgramIndex; the engine links its own copies
+            warm_up()
         warm_up_sizing()
-        warm_up_acceptance()
         warm_up_engine()
 
     @classmethod

@@ -11,7 +11,7 @@ from ..cost.costmodel import OnlineCost
 from ..cost.curves import DEFAULT_CPU_CURVE, CostPrior
 from .config import SpeculatorConfig
 from .proposal import Draft
-from .sizing import draft_lengths
+from .sizing import padded_lengths
 
 
 def fixed_cost_model(config: SpeculatorConfig) -> OnlineCost:
@@ -45,7 +45,7 @@ def batch_draft_length(drafts: list[Draft], cost=None, explore_below: float | No
             estimates = estimates[: len(d)]
             acceptance[b, : estimates.shape[0]] = estimates
     step_costs = np.array([cost(rows * (k + 1)) for k in range(longest + 1)], dtype=np.float64)
-    lengths, value = draft_lengths(acceptance, limits, step_costs, True)
+    lengths, value = padded_lengths(acceptance, limits, step_costs)
     if explore_below is not None and value < explore_below * rows:
         return 0
     return int(lengths.max())

@@ -8,7 +8,7 @@ import numpy as np
 from numba import njit
 
 from ..draft.sessions import ACTIVE, LENGTH, STAMP, VERIFIED, draft_rows
-from ..draft.sizing import draft_lengths
+from ..draft.sizing import flattened_lengths
 from .rows import PROBES, spot_check
 
 ROWS, SLOTS, LIMITS, LENGTHS = range(4)  # rows of propose_rows' work array
@@ -72,7 +72,7 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     if payoff and lengths[:live].sum() >= step_costs.shape[0]:
         raise ValueError("step_costs must price every total the drafts could add")
     if payoff:
-        lengths[:live] = draft_lengths(acceptance[:live], lengths[:live], step_costs, False)[0]
+        lengths[:live] = flattened_lengths(acceptance[:live], lengths[:live], step_costs)[0]
     # 5. The next step verifies these; the sized drafts one after another.
     at = 0
     for r in range(live):
