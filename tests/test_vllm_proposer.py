@@ -246,6 +246,9 @@ def test_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("NGRAMSPEC_SETTINGS", "tree_branches=3")
     with pytest.raises(ValueError, match="tree_branches=3, but vLLM verifies a chain"):
         Proposer(vllm_config())
+    monkeypatch.setenv("NGRAMSPEC_SETTINGS", "max_loss=0.02")  # a per-request bound: never silently ignored
+    with pytest.raises(ValueError, match="max_loss=0.02, but the loss bound applies to generate()"):
+        Proposer(vllm_config())
     monkeypatch.setenv("NGRAMSPEC_SETTINGS", "max_draft_tokens=64")  # past max_tree_tokens too
     with pytest.raises(ValueError, match="max_draft_tokens=64, above vLLM's num_speculative_tokens=16"):
         Proposer(vllm_config(k=16))

@@ -67,6 +67,10 @@ def speculator_config(max_draft: int, settings: str | None = None) -> Speculator
         raise ValueError(f"{SETTINGS_ENV} sets tree_branches={config.tree_branches}, but vLLM verifies a chain of "
                          "draft tokens per row; token trees apply to generate() and the ngramspec commands. "
                          "Remove it here.")
+    if config.max_loss is not None:  # a per-request bound: vLLM sizes every row of a step together
+        raise ValueError(f"{SETTINGS_ENV} sets max_loss={config.max_loss}, but the loss bound applies to "
+                         "generate() and the ngramspec commands (one request's forwards); the vLLM drafter sizes "
+                         "all rows of an engine step together. Remove it here.")
     return config
 
 
