@@ -139,11 +139,13 @@ def select_items(names, limit, data_dir, tokenizer, min_prompt_tokens=0, max_pro
 
 def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=None, quiet=False,
           batch_size=1, verify_cost=None, method_names=METHODS, prompt_tokens=(0, None), deadline=None,
-          on_batch=None, total=None) -> dict:
+          on_batch=None, total=None, rounds=1) -> dict:
     """One batch size: every method on the same batches. ``deadline`` (a ``time.time()``) stops
     before a batch that would not end by then, judged by the slowest batch so far (the first
     runs if the deadline has not passed); ``on_batch(result, line)`` is called after every batch with the result
-    so far and a one-line summary of that batch, so a run cut off still leaves its table."""
+    so far and a one-line summary of that batch, so a run cut off still leaves its table.
+    ``rounds``: each batch is decoded that many times by every method, the order rotating each
+    round, and each method keeps its best round (a single pair of runs moves +-10% here)."""
     from tqdm import tqdm
 
     methods = [make_method(parse_method(f"ngramspec:{settings}", TRANSFORMERS) if m.name == "ngramspec" and settings
@@ -172,6 +174,7 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
     totals = defaultdict(lambda: defaultdict(float))
     identical = defaultdict(int)
     per_item = defaultdict(list)  # (group, method) -> (end-to-end, decode phase) ratios vs greedy
+    item_rows = []  # batch size 1: each item's prompt, greedy time, and every method's ratio and MAT
     batch_seconds = defaultdict(list)  # method -> wall seconds of each batch, in batch order
     done, slowest = 0, 0.0
     for g, group in enumerate(tqdm(groups, desc=f"bench b={batch_size}", unit="batch", disable=quiet)):
@@ -182,15 +185,24 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
         batch_start = time.perf_counter()
         ids, mask = left_pad([prompts[i] for i in group], pad_id)
         ids, mask = ids.to(model.device), (mask.to(model.device) if batch_size > 1 else None)
-        order = methods[g % len(methods) :] + methods[: g % len(methods)]
-        outputs = {}
-        seconds = {}
-        for method in order:
-            rows, wall, inside, forwards, prefill = _generate(model, timer, ids, mask, method, max_new_tokens, pad_id)
-            outputs[method.name] = rows
+        outputs, seconds, best = {}, {}, {}
+        for r in range(rounds):
+            turn = g + r
+            for method in methods[turn % len(methods) :] + methods[: turn % len(methods)]:
+                rows, wall, inside, forwards, prefill = _generate(model, timer, ids, mask, method, max_new_tokens,
+                                                                  pad_id)
+                if method.name in outputs and rows != outputs[method.name]:
+                    raise RuntimeError(f"{method.name} decoded batch {g} differently in round {r + 1}")
+                outputs[method.name] = rows
+                if method.name not in best or wall < best[method.name][0]:
+                    stats = method.speculator.last_row_stats if method.speculator is not None else None
+                    best[method.name] = (wall, inside, forwards, prefill, stats)
+        for method in methods:
+            rows = outputs[method.name]
+            wall, inside, forwards, prefill, stats = best[method.name]
             seconds[method.name] = (wall, wall - prefill)
             batch_seconds[method.name].append(wall)
-            own = ([s.target_forwards for s in method.speculator.last_row_stats] if method.speculator is not None
+            own = ([s.target_forwards for s in stats] if stats is not None
                    else [len(row) for row in rows] if method.name == "greedy" else [forwards] * len(rows))
             # A batch's wall time is shared by its rows; each row's family gets its share.
             for i, row, row_own in zip(group, rows, own):
@@ -213,6 +225,13 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
                     # Same tokens, so a ratio of times is the ratio of tokens/s.
                     per_item[(key, method.name)].append(
                         tuple(g / m for g, m in zip(seconds["greedy"], seconds[method.name])))
+        if batch_size == 1:
+            name, item = items[group[0]]
+            item_rows.append({"set": name, "id": item.get("id"), "prompt_tokens": len(prompts[group[0]]),
+                              "greedy_s": round(seconds["greedy"][0], 3), "methods": {
+                                  m.name: {"x_greedy": round(seconds["greedy"][0] / seconds[m.name][0], 3),
+                                           "mat": round(best[m.name][4][0].mat, 2) if best[m.name][4] else None}
+                                  for m in methods[1:]}})
         done += 1
         slowest = max(time.perf_counter() - batch_start, slowest)
         if on_batch is not None:
@@ -220,12 +239,13 @@ def bench(model, tokenizer, names, limit, max_new_tokens, settings="", data_dir=
             sets = ",".join(sorted({items[i][0] for i in group}))
             line = (f"b={batch_size} batch {done}/{len(groups)} ({sets}): greedy {seconds['greedy'][0]:.2f} s, "
                     f"{ratios}, {'identical' if same else 'OUTPUTS DIFFER'}")
-            on_batch(_summary(totals, identical, per_item, batch_seconds, batch_size, methods, done, len(groups)), line)
+            on_batch(_summary(totals, identical, per_item, batch_seconds, batch_size, methods, done, len(groups),
+                              item_rows), line)
     timer.remove()
-    return _summary(totals, identical, per_item, batch_seconds, batch_size, methods, done, len(groups))
+    return _summary(totals, identical, per_item, batch_seconds, batch_size, methods, done, len(groups), item_rows)
 
 
-def _summary(totals, identical, per_item, batch_seconds, batch_size, methods, done, planned) -> dict:
+def _summary(totals, identical, per_item, batch_seconds, batch_size, methods, done, planned, item_rows=()) -> dict:
     rows = []
     for (group, name), t in totals.items():
         rows.append({
@@ -247,6 +267,7 @@ def _summary(totals, identical, per_item, batch_seconds, batch_size, methods, do
         r["x_hf_pld"] = r["tok_s"] / pld["tok_s"] if pld else None
     spec = methods[-1].speculator
     return {"rows": rows, "settings": repr(spec.config), "paired": paired(batch_seconds, batch_size),
+            "items": list(item_rows),
             "batches": [{"batch_size": batch_size, "done": done, "planned": planned}],
             "learned_costs": learned_costs(methods)}
 
@@ -295,6 +316,19 @@ def markdown(result: dict) -> str:
             lines.append(f"| {p.get('dtype', '')} | {p['batch_size']} | {p['method']} | {p['other']} | "
                          f"{p['batches']} | {p['worst']:.2f}x | {p['median']:.2f}x | {p['at_least_level']} | "
                          f"{p['at_least_095']} |")
+    items = result.get("items") or []
+    if items:
+        names = list(items[0]["methods"])
+        lines += ["", "Per item (batch 1, each method's best round): speed-up over greedy on the same output, "
+                  "and MAT.", "",
+                  "| dtype | set | id | prompt tokens | greedy s | " + " | ".join(names) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(names)]
+        for it in items:
+            cells = [f"{it['methods'][n]['x_greedy']:.2f}x" + (f" ({it['methods'][n]['mat']:.2f})"
+                                                               if it["methods"][n]["mat"] is not None else "")
+                     for n in names]
+            lines.append(f"| {it.get('dtype', '')} | {it['set']} | {it['id']} | {it['prompt_tokens']} | "
+                         f"{it['greedy_s']:.2f} | " + " | ".join(cells) + " |")
     d = result.get("drafter_us_per_step")
     if d:
         lines += ["", "Drafter (propose + extend) per step: "
@@ -347,6 +381,9 @@ def add_arguments(parser) -> None:
                         help="only items whose prompt has at least this many tokens (a long-prompt set)")
     parser.add_argument("--max-prompt-tokens", type=int, default=None,
                         help="only items whose prompt has at most this many tokens")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="decode each batch this many times per method, the order rotating, and keep each "
+                             "method's best (2 or more for per-item ratios: one pair of runs moves +-10%%)")
 
 
 def main(args) -> int:
@@ -365,6 +402,8 @@ def main(args) -> int:
     unknown = [d for d in dtypes if d is not None and d not in DTYPES]
     if unknown:
         raise ValueError(f"dtypes must be among {', '.join(DTYPES)}")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     if args.items is not None and max(batch_sizes) > args.items:
         raise ValueError(f"batch sizes must be at most --items ({args.items})")
     if args.device is not None:
@@ -374,8 +413,9 @@ def main(args) -> int:
             raise ValueError(f"--device {args.device!r}: {err}") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {args.device}: this machine has no CUDA device")
-    result = {"rows": [], "paired": [], "batches": [], "verify_costs": {}, "measured_costs": {}, "learned_costs": {},
-              "command": args.command_line, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    result = {"rows": [], "paired": [], "batches": [], "items": [], "verify_costs": {}, "measured_costs": {},
+              "learned_costs": {}, "command": args.command_line, "threads": torch.get_num_threads(),
+              "torch": torch.__version__}
     config = parse_config(args.settings or "")
 
     def report(part=None, line=None):
@@ -385,7 +425,7 @@ def main(args) -> int:
             print(f"[{(time.time() - started) / 60:.1f} min] {dtype_name} {line}", flush=True)
             return now
         if part is not None:
-            for key in ("rows", "paired", "batches"):
+            for key in ("rows", "paired", "batches", "items"):
                 now[key] = result[key] + [r | {"dtype": dtype_name} for r in part[key]]
             now["settings"] = part["settings"]
             now["learned_costs"] = result["learned_costs"] | {dtype_name: part["learned_costs"]}
@@ -425,7 +465,7 @@ def main(args) -> int:
             part = bench(model, tokenizer, names, args.limit, args.max_new_tokens, args.settings, args.data_dir,
                          args.quiet, batch_size, curve, method_names=args.methods,
                          prompt_tokens=(args.min_prompt_tokens, args.max_prompt_tokens), deadline=part_deadline,
-                         total=args.items,
+                         total=args.items, rounds=args.rounds,
                          on_batch=lambda part, line: report(part, line))
             result = report(part)
         del model

@@ -375,7 +375,7 @@ def test_bench_long_prompts_decode_phase_and_settings_side_by_side(tiny_model_di
     methods = "greedy,ngramspec,ngramspec:verify_cost=1:1.0,8:1.5"
     code, stdout, err = eval_main(["bench", "--model", str(tiny_model_dir), "--tasks", "quixbugs,jfleg", "--limit", "2",
                                    "--max-new-tokens", "8", "--min-prompt-tokens", "400", "--quiet", "--methods",
-                                   methods, "--out", str(tmp_path / "bench")], capsys)
+                                   methods, "--rounds", "2", "--out", str(tmp_path / "bench")], capsys)
     assert code == 0, err[-3000:]
     rows = {(r["group"], r["method"]): r for r in json.loads((tmp_path / "bench" / "bench.json").read_text())["rows"]}
     assert {m for _, m in rows} == {"greedy", "ngramspec", "ngramspec:verify_cost=1:1.0,8:1.5"}
@@ -389,6 +389,13 @@ def test_bench_long_prompts_decode_phase_and_settings_side_by_side(tiny_model_di
     assert (pair["method"], pair["other"], pair["batches"]) == ("ngramspec", "ngramspec:verify_cost=1:1.0,8:1.5", 2)
     assert 0 < pair["worst"] <= pair["median"] and 0 <= pair["at_least_level"] <= pair["at_least_095"] <= 2
     assert "| 1 | ngramspec | ngramspec:verify_cost=1:1.0,8:1.5 | 2 |" in stdout
+    # Per item: its prompt's length, greedy's best round, each method's ratio and MAT.
+    items = json.loads((tmp_path / "bench" / "bench.json").read_text())["items"]
+    assert [(it["set"], it["prompt_tokens"] >= 400) for it in items] == [("quixbugs", True)] * 2
+    for it in items:
+        assert set(it["methods"]) == {"ngramspec", "ngramspec:verify_cost=1:1.0,8:1.5"}
+        assert all(m["x_greedy"] > 0 and m["mat"] >= 1.0 for m in it["methods"].values())
+        assert f"| float32 | quixbugs | {it['id']} | {it['prompt_tokens']} |" in stdout
 
 
 @needs_data
