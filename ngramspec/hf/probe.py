@@ -57,7 +57,7 @@ def _probe(model, prompt: torch.Tensor, static: bool, explicit: bool) -> str | N
         return _refusal(model, f"its forward failed under the loop's steps ({type(err).__name__}: "
                                f"{' '.join(str(err).split())[:200]})")
     got = torch.cat([block[:, :2], after], dim=1)  # predictions at positions 2, 3, 4, 5
-    error = _distance(got, reference, model)
+    error = _distance(got, reference)
     if not error <= _tolerance(model):
         return _refusal(model, f"a forward over new tokens on top of its cache, rolled back by one crop, gives "
                                f"logits {error:.2g} (relative) away from one plain forward over the same tokens")
@@ -78,7 +78,7 @@ def _state_distance(cache, plain_cache) -> float:
                 got = getattr(ours, name, {}).get(i)
                 if torch.is_tensor(want) and torch.is_tensor(got):
                     live = got[..., -want.shape[-1]:] if name == "conv_states" else got
-                    worst = max(worst, _distance(live.float(), want.float(), None))
+                    worst = max(worst, _distance(live.float(), want.float()))
     return worst
 
 
@@ -93,7 +93,7 @@ def _plain_steps(model, tokens, positions, cache) -> torch.Tensor:
     return torch.cat(logits[1:], dim=1)
 
 
-def _distance(got: torch.Tensor, want: torch.Tensor, model) -> float:
+def _distance(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got - want).abs().max().item() / (want.abs().max().item() + 1e-6)
 
 

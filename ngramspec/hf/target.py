@@ -56,7 +56,8 @@ class HFTarget:
         self._crop_checked = False
         self._length = 0  # columns in the cache (kept here: reading a static cache's length syncs)
         self._records = any(hasattr(layer, "record_past") for layer in cache.layers)
-        self._uncropped = [(layer, _attention_crop(layer)) for layer in cache.layers if _attention_crop(layer)]
+        crops = [(layer, _attention_crop(layer)) for layer in cache.layers]
+        self._uncropped = [(layer, crop) for layer, crop in crops if crop is not None]
         # A cache of recurrent layers only (Mamba-style): the left padding is folded into each
         # row's state by the prefill, and later forwards take no mask (as generate() passes them).
         self._states_only = bool(cache.layers) and all(
@@ -176,10 +177,9 @@ def _attention_crop(layer):
     or None."""
     from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
-    crop = getattr(type(layer), "crop", None)
-    if not isinstance(layer, LinearAttentionCacheLayerMixin) or crop is not LinearAttentionCacheLayerMixin.crop:
-        return None
     linear = LinearAttentionCacheLayerMixin
+    if not isinstance(layer, linear) or type(layer).crop is not linear.crop:
+        return None
     attention = [c for c in type(layer).__mro__ if "crop" in vars(c) and not issubclass(c, linear)]
     return vars(attention[0])["crop"] if attention else None
 
