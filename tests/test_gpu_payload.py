@@ -53,3 +53,42 @@ def test_the_command_line_explains_itself(capsys):
     code, out, _ = call_main(main, ["gpu-payload", "resolve", "--help"], capsys)
     assert code == 0 and "IMAGE.json DIR" in out and "--transformers" in out
     json.dumps(gpu_payload.image())  # the manifest is plain JSON
+
+
+def test_a_distribution_listed_without_a_version_meets_any_lower_bound(tmp_path):
+    """The committed description names some distributions without their version: their stand-in
+    claims UNREAD_VERSION, so the resolver takes them as present (``check`` on the machine is what
+    catches a real version that is too old)."""
+    held = {"python": "3.12", "dists": {"foo": {"name": "foo", "version": None, "requires": []}}}
+    gpu_payload.write_stand_ins(held, tmp_path)
+    read = subprocess.run([sys.executable, "-c", "from importlib import metadata as m; print(m.version('foo'))"],
+                          env={"PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, check=True).stdout
+    assert read.strip() == gpu_payload.UNREAD_VERSION
+
+
+def test_the_committed_image_description_is_one_prepare_can_read():
+    held = json.loads((gpu_payload.Path(gpu_payload.__file__).parent / "gpu_image.json").read_text())
+    assert held["python"] == "3.12"
+    assert held["dists"]["torch"]["version"].startswith("2.") and held["dists"]["transformers"]["version"]
+    assert all(set(d) == {"name", "version", "requires"} for d in held["dists"].values())
+
+
+def test_unmet_names_each_missing_or_too_old_requirement():
+    from importlib.metadata import version
+
+    numpy = version("numpy")
+    assert gpu_payload.unmet([f"numpy>={numpy}", "numpy"]) == []
+    assert gpu_payload.unmet(["numpy>=999", "no-such-distribution-here>=1"]) == [
+        f"numpy>=999: {numpy} installed", "no-such-distribution-here>=1: not installed"]
+
+
+def test_check_exits_3_naming_an_unmet_requirement(capsys):
+    from importlib.metadata import version
+
+    from eval.__main__ import main
+
+    installed = version("transformers")
+    code, out, _ = call_main(main, ["gpu-payload", "check", "--transformers", installed], capsys)
+    assert code == 0 and "requirements met" in out
+    code, out, _ = call_main(main, ["gpu-payload", "check", "--transformers", "0.0.1"], capsys)
+    assert code == 3 and f"unmet: transformers==0.0.1: {installed} installed" in out
