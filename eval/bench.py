@@ -391,6 +391,7 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     from ngramspec import load_model
+    from ngramspec.app.jobs import threads_for_busy_cores
     from ngramspec.cost.curves import cached_cost_curve, measure_cost_curve
     from ngramspec.draft.config import parse_config
 
@@ -398,7 +399,13 @@ def main(args) -> int:
         raise ValueError(f"--methods must start with greedy and name others among {', '.join(TRANSFORMERS)}")
     started = time.time()
     deadline = started + args.budget_s if args.budget_s else None
-    torch.set_num_threads(args.threads or torch.get_num_threads())
+    # No --threads on a CPU whose cores other processes keep busy: the cores they leave free, as
+    # the document tool does (OpenMP's default threads collapse there, eval/results/threads).
+    on_cpu = args.device in (None, "cpu")
+    threads = args.threads or (threads_for_busy_cores(torch.get_num_threads()) if on_cpu else None)
+    if threads and not args.threads:
+        print(f"torch threads {threads}: other processes keep the other cores busy", flush=True)
+    torch.set_num_threads(threads or torch.get_num_threads())
     names = args.tasks
     batch_sizes = sorted(set(args.batch_sizes))
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else [None]

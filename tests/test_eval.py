@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import tasks
 from eval import report
@@ -403,8 +404,15 @@ def test_bench_reports_after_every_batch_and_a_budget_cuts_it_short(tiny_model_d
     monkeypatch.setenv("NGRAMSPEC_CACHE", str(tmp_path / "cache"))
     argv = ["bench", "--model", str(tiny_model_dir), "--tasks", "jfleg,quixbugs", "--limit", "2", "--max-new-tokens",
             "8", "--quiet", "--print-cost", "--out", str(tmp_path / "full")]
-    code, stdout, err = eval_main(argv, capsys)
+    threads = torch.get_num_threads()
+    monkeypatch.setattr("ngramspec.app.jobs.runnable_elsewhere", lambda: 100)  # every core busy elsewhere
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        code, stdout, err = eval_main(argv, capsys)
+    finally:
+        torch.set_num_threads(threads)
     assert code == 0, err[-3000:]
+    assert "torch threads 1: other processes keep the other cores busy" in stdout
     # Each method's time as soon as it is measured, then one line per item as it ends, round-robin
     # over the sets, then the table.
     methods = [line for line in stdout.splitlines() if "b=1 batch 1/4 round 1:" in line]
@@ -442,6 +450,10 @@ def test_bench_writes_the_table_after_every_batch(tiny_model_dir, monkeypatch, t
     result = bench(model, tokenizer, ["jfleg", "quixbugs"], 3, 6, data_dir=str(data), quiet=True,
                    on_batch=lambda part, line: seen.append((part, line)))
     assert seen[0][0] is None and "4 batches planned" in seen.pop(0)[1]  # the warm-up's line
+    # Each method's time as it is measured (no table yet), then the batch's line with its table.
+    methods = [line for part, line in seen if part is None]
+    assert len(methods) == 3 * 4 and all(" round 1: " in line for line in methods)
+    seen = [(part, line) for part, line in seen if part is not None]
     # Round-robin: jfleg0, quixbugs0, jfleg1, jfleg2; the table after each holds that many items.
     assert [line.split("(")[1].split(")")[0] for _, line in seen] == ["jfleg", "quixbugs", "jfleg", "jfleg"]
     counts = [{r["method"]: r["items"] for r in part["rows"] if r["group"] == "overall"} for part, _ in seen]
