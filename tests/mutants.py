@@ -102,6 +102,18 @@ MUTANTS = {
         ("        drawn = self.drawn[b]\n",
          "        return torch.rand((), dtype=torch.float64).item()\n        drawn = self.drawn[b]\n"),
     ], "tests/test_sampling.py"),
+    # The GPU check (issue 50): a requirement check that passes what the image lacks; a
+    # description's unread version taken as too old to meet anything (the resolver would carry
+    # what the image has); a benchmark silent until its first batch ends; a CPU benchmark that
+    # keeps every core's thread while other processes keep them busy.
+    "gpu check passes anything": ("eval/gpu_payload.py", "        if not requirement.specifier.contains(found, "
+                                  "prereleases=True):\n", "        if False:\n", "tests/test_gpu_payload.py"),
+    "gpu unread version": ("eval/gpu_payload.py", 'version = dist["version"] or UNREAD_VERSION',
+                           'version = dist["version"] or "0"', "tests/test_gpu_payload.py"),
+    "bench silent per method": ("eval/bench.py", "                if on_batch is not None:  # something on screen",
+                                "                if False:  # something on screen", "tests/test_eval.py -k bench"),
+    "bench threads under load": ("eval/bench.py", "threads_for_busy_cores(torch.get_num_threads()) if on_cpu else None",
+                                 "None", "tests/test_eval.py -k bench"),
 }
 
 
