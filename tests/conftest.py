@@ -13,6 +13,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tasks/, eval/ at the repo root
 
+# The drafting kernels compile before a speculator returns, so every test's first request drafts
+# (tests/test_coldstart.py checks the second-process compile of a fresh install).
+os.environ.setdefault("NGRAMSPEC_COMPILE", "foreground")
+
 import ngramspec  # noqa: E402
 
 ngramspec.install()  # the tests call model.generate(ngram_speculator=...) on models built from configs

@@ -114,6 +114,13 @@ MUTANTS = {
                                 "                if False:  # something on screen", "tests/test_eval.py -k bench"),
     "bench threads under load": ("eval/bench.py", "threads_for_busy_cores(torch.get_num_threads()) if on_cpu else None",
                                  "None", "tests/test_eval.py -k bench"),
+    # A fresh install's kernels (issue 51): a request that never drafts once they are ready, and a
+    # speculator that compiles them before it returns (a first request waits ~8 s).
+    "pending forever": ("ngramspec/draft/compiling.py", "        if self._session is None and ready():\n",
+                        "        if False:\n", "tests/test_coldstart.py"),
+    "compile first": ("ngramspec/draft/compiling.py",
+                      'os.environ.get("NGRAMSPEC_COMPILE", "background") == "foreground"', "True",
+                      "tests/test_coldstart.py"),
 }
 
 

@@ -23,6 +23,9 @@ class DecodeStats:
     # Steps where a match existed but drafting was judged not to pay (payoff sizing, or the
     # batch rule): plain decoding steps chosen on purpose, i.e. speculation switched off.
     declined_steps: int = 0
+    # Plain steps taken because the drafting kernels were still compiling (a fresh install's first
+    # requests, ngramspec.draft.compiling): no draft was possible, none was declined.
+    compiling_steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     drafted_at: list[int] = field(default_factory=list)
@@ -86,7 +89,7 @@ class DecodeStats:
         total = cls()
         for row in rows:
             for name in ("prompt_tokens", "new_tokens", "target_forwards", "steps_with_draft", "declined_steps",
-                         "drafted_tokens", "accepted_tokens", "drafter_seconds"):
+                         "compiling_steps", "drafted_tokens", "accepted_tokens", "drafter_seconds"):
                 setattr(total, name, getattr(total, name) + getattr(row, name))
             for name in ("drafted_at", "accepted_at"):
                 mine, theirs = getattr(total, name), getattr(row, name)

@@ -16,13 +16,11 @@ its cost model; per-request state lives in sessions, so one speculator can serve
 from __future__ import annotations
 
 from ..cost.costmodel import OnlineCost
+from . import compiling
 from .acceptance import new_evidence
 from .config import SpeculatorConfig, config_with
 from .history import History
-from .index import warm_up
 from .session import SpeculationSession
-from .session import warm_up as warm_up_engine
-from .sizing import warm_up as warm_up_sizing
 from .tuning import fixed_cost_model
 
 
@@ -30,8 +28,10 @@ class NgramSpeculator:
     """Prompt-lookup drafter: proposes continuations copied from earlier in the same text.
 
     ``NgramSpeculator()`` uses the defaults of :class:`SpeculatorConfig`; pass a config, or its
-    fields as keyword arguments (``NgramSpeculator(max_n=3)``). Construction compiles (or loads
-    from Numba's on-disk cache) and warms the index kernels, so no request pays the JIT.
+    fields as keyword arguments (``NgramSpeculator(max_n=3)``). Construction loads the drafting
+    kernels from Numba's on-disk cache, so no request pays the JIT; on a fresh install it starts
+    compiling them in a second process instead, and requests decode without drafts until they
+    are ready (:mod:`ngramspec.draft.compiling`).
     After each ``generate(..., ngram_speculator=spec)`` call, ``spec.last_stats`` holds that
     call's :class:`~ngramspec.draft.metrics.DecodeStats`.
     """
@@ -50,10 +50,7 @@ class NgramSpeculator:
                            else fixed_cost_model(config))
         # Acceptance evidence pooled over this speculator's requests (ngramspec.draft.acceptance).
         self.pool = new_evidence()
-        if self.history is not None:  # a history is an NgramIndex; the engine links its own copies
-            warm_up()
-        warm_up_sizing()
-        warm_up_engine()
+        compiling.prepare(with_index=self.history is not None)  # a history is an NgramIndex from Python
 
     @classmethod
     def for_model(cls, model, max_age_days: float = 30.0, **settings) -> NgramSpeculator:
@@ -64,12 +61,19 @@ class NgramSpeculator:
 
         return cls(verify_cost=cached_cost_curve(model, max_age_days), **settings)
 
-    def start(self, prompt_ids, capacity: int = 0) -> SpeculationSession:
+    def start(self, prompt_ids, capacity: int = 0) -> SpeculationSession | compiling.PendingSession:
         """Begin a request: index ``prompt_ids`` (1-D ints). ``capacity`` pre-sizes the index
         for the expected total length (prompt + new tokens); it grows on demand anyway.
-        Call ``session.finish()`` at the end so the output joins the history (if enabled)."""
-        return SpeculationSession(self.config, prompt_ids, capacity, history=self.history, cost_model=self.cost_model,
-                                  pool=self.pool)
+        Call ``session.finish()`` at the end so the output joins the history (if enabled).
+        While the kernels compile (a fresh install): a :class:`~ngramspec.draft.compiling.PendingSession`."""
+
+        def session(prompt):
+            return SpeculationSession(self.config, prompt, capacity, history=self.history, cost_model=self.cost_model,
+                                      pool=self.pool)
+
+        if compiling.ready():
+            return session(prompt_ids)
+        return compiling.PendingSession(self.config, prompt_ids, session)  # kernels still compiling
 
     def __repr__(self) -> str:
         return f"NgramSpeculator({self.config})"

@@ -101,7 +101,8 @@ def ngram_generate(
         options.trees = len(rows) == 1 and config.tree_branches > 1 and target.trees_ok
         sessions = [ngram_speculator.start(hf.real_tokens(ids, mask, b), capacity) for b in range(len(rows))]
         result = speculative_decode(ids, mask, positions[rows.start : rows.stop], sessions, target, options)
-        for session in sessions:
+        for session, stats in zip(sessions, result.stats):
+            stats.compiling_steps = getattr(session, "pending_steps", 0)
             session.finish()
         return result
 

@@ -49,6 +49,7 @@ import numpy as np
 
 from ..cost.costmodel import OnlineCost
 from ..cost.fit import line_scale
+from ..draft import compiling
 from ..draft.speculator import NgramSpeculator
 from .kernels import LENGTHS, ROWS, propose_rows
 from .rows import HEAD, RowSessions
@@ -87,6 +88,7 @@ class Proposer:
         # propose_rows' settings beyond the drafting engine's knobs, packed (each argument of a
         # compiled call costs ~0.1 us to pass)
         self._settings = np.array([config.payoff_sizing, self.max_draft, self.max_model_len], dtype=np.int64)
+        compiling.wait()  # an engine step calls the kernels directly: they must be ready before the first
         self._warm_up()
 
     def _warm_up(self) -> None:
