@@ -58,6 +58,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rounds", type=int, default=7, help="alternating timing rounds (best of)")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="markdown report")
+    parser.add_argument("--records", default=None,
+                        help="JSONL of per-item results, appended after each item; items already in it are not "
+                             "measured again (a run interrupted or split over several commands resumes)")
     parser.add_argument("--json", default=None, help="also write the raw numbers here")
 
 
@@ -195,8 +198,14 @@ def main(args) -> int:
     names = list(tasks.TASKS) if args.sets == "all" else args.sets.split(",")
     eos = {int(t) for t in np.atleast_1d(model.generation_config.eos_token_id or [])}
     records, started = [], time.perf_counter()
+    done = {}
+    if args.records and Path(args.records).exists():
+        done = {(r["set"], r["id"]): r for r in map(json.loads, Path(args.records).read_text().splitlines())}
     for set_name in names:
         for item in tasks.load_items(set_name, args.data_dir, args.items):
+            if (set_name, item["id"]) in done:
+                records.append(done[(set_name, item["id"])])
+                continue
             prompt = tasks.prompt_ids(tokenizer, item)
             if len(prompt) > args.max_prompt_tokens:
                 print(f"[{set_name}] {item['id']}: {len(prompt)} prompt tokens, skipped", flush=True)
@@ -206,6 +215,9 @@ def main(args) -> int:
             record = {"set": set_name, "family": tasks.family_of(set_name), "id": item["id"],
                       "prompt": prompt, **result, "copy": copy.tolist()}
             records.append(record)
+            if args.records:
+                with open(args.records, "a") as f:
+                    f.write(json.dumps(record) + "\n")
             truth = np.array(result["tokens"])
             agree = {n: float((np.array(p) == truth).mean()) for n, p in result["preds"].items()}
             print(f"[{set_name}] {item['id']}: {len(prompt)}+{len(truth)} tokens, copy right "
