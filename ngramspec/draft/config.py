@@ -159,9 +159,10 @@ class SpeculatorConfig:
             greedily with the target's own first ``self_draft_layers`` decoder layers (sharing its
             weights and KV cache; 0: off). generate() only, greedy only (a sampling request
             and batches do not self-draft), a plain dynamic cache only. Off by default: on the
-            default model the first 24 of 30 layers agree with the full model on ~0.2 of tokens
-            at ~0.8 of a full step's cost, so it loses everywhere on the 2-core CPU (``python -m
-            eval selfspec``, eval/results/selfspec.md).
+            default model the first 24 of 30 layers agree with the full model's greedy token on
+            0.33 of positions (0.31 where the n-gram copy breaks) at 0.8 of a full step's cost, the
+            first 28 on 0.47 at 0.92, so it loses at every depth on the 2-core CPU (expected
+            0.6-0.8x of plain greedy; ``python -m eval selfspec``, eval/results/selfspec.md).
         self_draft_tokens: tokens per shallow draft (one shallow forward each).
         cost_tuning: how the online cost model (``verify_cost`` None) learns from timings:
             :class:`~ngramspec.cost.costmodel.CostModelTuning`, its settings named
