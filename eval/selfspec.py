@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -337,7 +336,3 @@ def render(args, records, sets, costs, num_layers) -> str:
     lines += ["", f"Best expected speed-up with the measured verify cost: {measured:.2f}x "
               + ("(pays)." if measured > 1.05 else "(does not pay on this machine).")]
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    sys.exit("run as: python -m eval selfspec")
