@@ -42,6 +42,8 @@ COMMANDS = {
                                        "--memory: its peak bytes per token at 1M too"),
     "coldstart": Command("coldstart", "a fresh install's first generate() (empty Numba cache) against a warm "
                                       "process's: best of N, cold minus warm"),
+    "selfspec": Command("selfspec", "self-speculation: the target's shallow layers (first k, or middle ones "
+                                    "skipped) as a drafter: agreement, cost, expected speed-up"),
     "cost-curve": Command("cost_curve", "verify-cost curve of a model: one forward over q tokens vs one token"),
     "insitu-cost": Command("insitu_cost", "the verify-cost curve measured inside real decoding"),
     "realdocs": Command("realdocs", "real documents, typos injected: typos fixed, guard, parse, speed-up"),

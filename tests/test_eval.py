@@ -542,8 +542,8 @@ def test_vllm_simulator_emits_every_trace_token_and_prices_drafts_by_the_true_co
 
 # --- one entry point ---------------------------------------------------------------------------
 
-EVERY_COMMAND = ["run", "trace", "replay", "bench", "drafter", "coldstart", "cost-curve", "insitu-cost", "realdocs",
-                 "threads", "vllm-bench", "vllm-cost", "vllm-sim", "propose-bench", "compat", "gpu-payload",
+EVERY_COMMAND = ["run", "trace", "replay", "bench", "drafter", "coldstart", "selfspec", "cost-curve", "insitu-cost",
+                 "realdocs", "threads", "vllm-bench", "vllm-cost", "vllm-sim", "propose-bench", "compat", "gpu-payload",
                  "vllm-metadata"]
 
 

@@ -156,8 +156,9 @@ class PendingSession:
             self._tokens.append(as_token_array(accepted_tokens))
 
     @property
-    def waiting(self) -> bool:
-        return self._session is None
+    def tokens(self) -> np.ndarray:
+        """The stream so far (prompt followed by every extended token)."""
+        return self._session.tokens if self._session is not None else np.concatenate(self._tokens)
 
     def finish(self) -> None:
         if self._session is not None:

@@ -32,6 +32,10 @@ class DecodeStats:
     accepted_at: list[int] = field(default_factory=list)
     accepted_per_step: list[int] = field(default_factory=list)  # per decode forward (prefill excluded)
     verified_per_step: list[int] = field(default_factory=list)  # draft tokens verified per forward
+    # Self-speculation (SpeculatorConfig.self_draft_layers): shallow draft tokens, and how many
+    # of them the target accepted (also counted in drafted_tokens / accepted_tokens).
+    self_drafted_tokens: int = 0
+    self_accepted_tokens: int = 0
     drafter_seconds: float = 0.0
     prefill_seconds: float = 0.0  # the prompt's forward and first token: the same for every method
     wall_seconds: float = 0.0
@@ -89,7 +93,8 @@ class DecodeStats:
         total = cls()
         for row in rows:
             for name in ("prompt_tokens", "new_tokens", "target_forwards", "steps_with_draft", "declined_steps",
-                         "compiling_steps", "drafted_tokens", "accepted_tokens", "drafter_seconds"):
+                         "compiling_steps", "drafted_tokens", "accepted_tokens", "self_drafted_tokens",
+                         "self_accepted_tokens", "drafter_seconds"):
                 setattr(total, name, getattr(total, name) + getattr(row, name))
             for name in ("drafted_at", "accepted_at"):
                 mine, theirs = getattr(total, name), getattr(row, name)

@@ -33,6 +33,7 @@ from . import target as hf
 from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail, passes_positions
 from .decode import DecodeResult, Options, speculative_decode, stack_per_index
 from .probe import check_model_steps
+from .shallow import SelfDraftingSession, self_drafter
 
 
 def ngram_generate(
@@ -100,10 +101,15 @@ def ngram_generate(
         options.process = process if any(p is not None for p in process) else None  # None: no prefix work
         options.trees = len(rows) == 1 and config.tree_branches > 1 and target.trees_ok
         sessions = [ngram_speculator.start(hf.real_tokens(ids, mask, b), capacity) for b in range(len(rows))]
+        shallow = self_drafter(model, cache, config, sample=options.sample, rows=len(rows), trees=options.trees)
+        if shallow is not None:
+            sessions = [SelfDraftingSession(session, shallow) for session in sessions]
         result = speculative_decode(ids, mask, positions[rows.start : rows.stop], sessions, target, options)
         for session, stats in zip(sessions, result.stats):
             stats.compiling_steps = getattr(session, "pending_steps", 0)
             session.finish()
+            if shallow is not None:
+                stats.self_drafted_tokens, stats.self_accepted_tokens = session.drafted, session.accepted
         return result
 
     optimize = getattr(model, "_optimize_model_for_decode", None)
