@@ -42,6 +42,8 @@ COMMANDS = {
                                        "--memory: its peak bytes per token at 1M too"),
     "coldstart": Command("coldstart", "a fresh install's first generate() (empty Numba cache) against a warm "
                                       "process's: best of N, cold minus warm"),
+    "noncopy": Command("noncopy", "the worst case: prompts of random tokens, nothing to copy; ngramspec against "
+                                  "plain greedy, best of alternating rounds"),
     "selfspec": Command("selfspec", "self-speculation: the target's shallow layers (first k, or middle ones "
                                     "skipped) as a drafter: agreement, cost, expected speed-up"),
     "cost-curve": Command("cost_curve", "verify-cost curve of a model: one forward over q tokens vs one token"),

@@ -540,11 +540,26 @@ def test_vllm_simulator_emits_every_trace_token_and_prices_drafts_by_the_true_co
     assert spec["accepted"] > 0.5 * total and spec["cost"] < 0.6 * none["cost"]
 
 
+def test_noncopy_times_both_sides_on_random_prompts_and_checks_the_outputs(tiny_model_dir, tmp_path, capsys,
+                                                                             monkeypatch):
+    monkeypatch.setenv("NGRAMSPEC_CACHE", str(tmp_path / "cache"))
+    code, stdout, err = eval_main(["noncopy", "--model", str(tiny_model_dir), "--prompt-tokens", "16,40",
+                                   "--max-new-tokens", "6", "--rounds", "2", "--settings", "max_n=3",
+                                   "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err[-3000:]
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    assert [r["prompt_tokens"] for r in rows] == [16, 40] and all(r["identical"] for r in rows)
+    # the ngramspec side's stats are its own: the prefill's token, then one per step plus the accepted
+    assert all(r["forwards"] == 6 - r["accepted"] for r in rows)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "--settings max_n=3" in report and report.count("| yes |") == 2
+
+
 # --- one entry point ---------------------------------------------------------------------------
 
-EVERY_COMMAND = ["run", "trace", "replay", "bench", "drafter", "coldstart", "selfspec", "cost-curve", "insitu-cost",
-                 "realdocs", "threads", "vllm-bench", "vllm-cost", "vllm-sim", "propose-bench", "compat", "gpu-payload",
-                 "vllm-metadata"]
+EVERY_COMMAND = ["run", "trace", "replay", "bench", "drafter", "coldstart", "noncopy", "selfspec", "cost-curve",
+                 "insitu-cost", "realdocs", "threads", "vllm-bench", "vllm-cost", "vllm-sim", "propose-bench",
+                 "compat", "gpu-payload", "vllm-metadata"]
 
 
 def test_the_one_entry_point_lists_every_command(capsys):
