@@ -112,7 +112,9 @@ def _cache_was_cold() -> bool:
 
 
 def _background_allowed() -> bool:
-    if os.environ.get("NGRAMSPEC_COMPILE", "background") == "foreground" or not sys.executable:
+    if os.environ.get("NGRAMSPEC_COMPILE", "background") == "foreground":
+        return False
+    if not os.path.basename(sys.executable or "").lower().startswith("python"):  # embedded: no interpreter to start
         return False
     try:
         cores = len(os.sched_getaffinity(0))
@@ -122,9 +124,12 @@ def _background_allowed() -> bool:
 
 
 def _start_compiler():
+    # The package's own folder first, so the second process imports this very copy of it.
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     try:
         return subprocess.Popen([sys.executable, "-m", "ngramspec.draft.compiling"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     except OSError:
         return None
 
