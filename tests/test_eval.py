@@ -407,6 +407,7 @@ def test_bench_reports_after_every_batch_and_a_budget_cuts_it_short(tiny_model_d
     threads = torch.get_num_threads()
     monkeypatch.setattr("ngramspec.app.jobs.runnable_elsewhere", lambda: 100)  # every core busy elsewhere
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)  # torch's own choice, as outside a test worker that has one core of two
     try:
         code, stdout, err = eval_main(argv, capsys)
     finally:
