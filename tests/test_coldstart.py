@@ -16,9 +16,9 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The child: Numba's compile events, by phase, for ngramspec's kernels (Numba's own helpers,
-# such as a typed list's constructor, compile in every process and are left out).
-CHILD = """
+# Each child records Numba's compile events for ngramspec's kernels, by phase (Numba's own
+# helpers, such as a typed list's constructor, compile in every process and are left out).
+LISTENER = """
 import json
 from numba.core import event
 
@@ -34,6 +34,9 @@ class Listener(event.Listener):
             compiled[phase[0]].append(function.__qualname__)
 
 event.register("numba:compile", Listener())
+"""
+
+CHILD = LISTENER + """
 import torch
 import ngramspec
 from eval.coldstart import TEXT, _tiny_model
@@ -71,22 +74,7 @@ def test_the_speculator_compiles_what_generate_needs_and_a_second_process_loads_
     assert warm["output"] == cold["output"] and cold["drafted"] == warm["drafted"]
 
 
-BACKGROUND_CHILD = """
-import json
-from numba.core import event
-
-compiled = []
-
-class Listener(event.Listener):
-    def on_start(self, e):
-        pass
-
-    def on_end(self, e):
-        function = getattr((e.data or {}).get("dispatcher"), "py_func", None)
-        if function is not None and function.__module__.startswith("ngramspec"):
-            compiled.append(function.__qualname__)
-
-event.register("numba:compile", Listener())
+BACKGROUND_CHILD = LISTENER + """
 import torch
 import ngramspec
 from ngramspec.draft import compiling
@@ -104,7 +92,8 @@ for _ in range(2):
                  "forwards": stats.target_forwards})
     compiling.wait()  # the second process ends: the second generate drafts
 plain = model.generate(ids, do_sample=False, max_new_tokens=24, min_new_tokens=24)[0].tolist()
-print(json.dumps({"compiled": compiled, "ready_at_once": ready_at_once, "runs": runs, "plain": plain}))
+print(json.dumps({"compiled": sum(compiled.values(), []), "ready_at_once": ready_at_once, "runs": runs,
+                  "plain": plain}))
 """
 
 
