@@ -49,22 +49,25 @@ _with_index = False  # ... and the n-gram index's own (a speculator with a histo
 def prepare(with_index: bool = False) -> None:
     """Make the kernels ready, or start compiling them in a second process (module doc)."""
     global _compiler, _with_index
+    from .index import warm_up as warm_up_index
+    from .sizing import warm_up as warm_up_sizing
+
     with _lock:
         _with_index = _with_index or with_index
-        if _ready and not with_index:
+        if _ready:  # the engine's kernels are loaded; a history's index may still need its own
+            if with_index:
+                warm_up_index()
             return
-        if _compiler is None and not _ready:
-            from .sizing import warm_up as warm_up_sizing
-
-            warm_up_sizing()  # the smallest kernel: did it come from the cache?
-            if _cache_was_cold() and _background_allowed():
-                _compiler = _start_compiler()
-                if _compiler is not None:
-                    logger.warning("ngramspec: compiling the drafting kernels in a second process (once per "
-                                   "install, about 10 s on 2 cores); requests decode without drafts until then")
-                    return
-        if _compiler is None:
-            _load()
+        if _compiler is not None:  # still compiling: _load() warms the index too, once it ends
+            return
+        warm_up_sizing()  # the smallest kernel: did it come from the cache?
+        if _cache_was_cold() and _background_allowed():
+            _compiler = _start_compiler()
+            if _compiler is not None:
+                logger.warning("ngramspec: compiling the drafting kernels in a second process (once per "
+                               "install, about 10 s on 2 cores); requests decode without drafts until then")
+                return
+        _load()
 
 
 def ready() -> bool:
