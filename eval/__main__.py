@@ -46,6 +46,8 @@ COMMANDS = {
                                   "plain greedy, best of alternating rounds"),
     "selfspec": Command("selfspec", "self-speculation: the target's shallow layers (first k, or middle ones "
                                     "skipped) as a drafter: agreement, cost, expected speed-up"),
+    "precision": Command("precision", "greedy output identical per dtype and attention kernel (float32, bfloat16 "
+                                      "with sdpa and eager): ngramspec and prompt lookup against plain"),
     "cost-curve": Command("cost_curve", "verify-cost curve of a model: one forward over q tokens vs one token"),
     "insitu-cost": Command("insitu_cost", "the verify-cost curve measured inside real decoding"),
     "realdocs": Command("realdocs", "real documents, typos injected: typos fixed, guard, parse, speed-up"),

@@ -14,7 +14,11 @@ causal-LM class, on a text-only prompt) a tiny random model is built from that t
 - a left-padded batch of 2 rows against plain batched greedy;
 - the settings users pick, each against plain greedy with the same setting: a static, offloaded
   or quantized cache, sliding-window-only attention, eager/sdpa/flex attention, bfloat16 weights
-  and (``--compile``) a ``torch.compile``d forward.
+  with eager attention (``bfloat16``: exact where every kernel rounds a row alike whatever the
+  number of rows) and with sdpa attention (``bfloat16_sdpa``: its kernel rounds a forward over
+  several tokens differently from one-token forwards, so a near-tie may part), and
+  (``--compile``) a ``torch.compile``d forward. ngramspec warns every 16-bit greedy request
+  (``InexactPrecisionWarning``); a ``DIFF`` after that warning ends in ``(warned)``.
 
 Each cell is ``same`` (identical, drafts accepted), ``same, 0 acc`` (identical but no draft was
 accepted: it proves nothing), ``DIFF`` (a different output: the one outcome that must never
@@ -38,7 +42,7 @@ from .compat_report import render, summary, update_readme
 from .tiny_models import model_types, text_only_reason, tiny_model
 
 NEW_TOKENS = 24
-SETTINGS = ("static", "offloaded", "quantized", "sliding", "eager", "sdpa", "flex", "bfloat16")
+SETTINGS = ("static", "offloaded", "quantized", "sliding", "eager", "sdpa", "flex", "bfloat16", "bfloat16_sdpa")
 
 
 def add_arguments(parser) -> None:
@@ -244,10 +248,12 @@ def _compare(reference, output) -> str:
 
 
 def _speculate(model, ids, reference, **kwargs) -> tuple[str, dict]:
-    from ngramspec import NgramSpeculator
+    from ngramspec import InexactPrecisionWarning, NgramSpeculator
 
     spec = NgramSpeculator(payoff_sizing=False)
-    output = _run(model, ids, ngram_speculator=spec, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InexactPrecisionWarning)
+        output = _run(model, ids, ngram_speculator=spec, **kwargs)
     verdict = _compare(reference, output)
     if verdict == "DIFF" and reference.shape[0] == 1:
         verdict += _first_difference(model, ids.shape[1], reference, output)
@@ -259,6 +265,8 @@ def _speculate(model, ids, reference, **kwargs) -> tuple[str, dict]:
                  "rollbacks": rollbacks}
         if verdict == "same" and s.accepted_tokens == 0:
             verdict = "same, 0 acc"
+    if verdict.startswith("DIFF") and any(issubclass(w.category, InexactPrecisionWarning) for w in caught):
+        verdict += " (warned)"  # the user was told this setting may part at near-ties
     return verdict, stats
 
 
@@ -306,8 +314,9 @@ def _setting(model, model_type: str, image_text: bool, setting: str, ids) -> str
         elif setting in ("eager", "sdpa", "flex"):
             variant = tiny_model(model_type, image_text=image_text,
                                  attn_implementation="flex_attention" if setting == "flex" else setting)
-        elif setting == "bfloat16":
-            variant = tiny_model(model_type, image_text=image_text, dtype=torch.bfloat16)
+        elif setting in ("bfloat16", "bfloat16_sdpa"):  # eager attention: the exact route in 16 bits
+            attention = "sdpa" if setting == "bfloat16_sdpa" else "eager"
+            variant = tiny_model(model_type, image_text=image_text, dtype=torch.bfloat16, attn_implementation=attention)
         elif setting == "sliding":
             overrides = _sliding_only(model.config)
             if overrides is None:

@@ -73,12 +73,17 @@ def summary(rows: list[dict]) -> str:
     pld_same = [r for r in built if r.get("hf_pld") == "same"]
     ours = [r for r in built if str(r.get("ngramspec")).startswith("same")]
     verified = [r for r in built if r.get("ngramspec") == "same"]
-    diff = sorted({r["type"] for r in rows for k, v in r.items() if str(v).startswith("DIFF") and k != "hf_pld"})
+    diff = sorted({r["type"] for r in rows for k, v in r.items()
+                   if str(v).startswith("DIFF") and k != "hf_pld" and "(warned)" not in str(v)})
+    warned = sorted({f"{r['type']} ({k})" for r in rows for k, v in r.items()
+                     if str(v).startswith("DIFF") and "(warned)" in str(v)})
     crash = [r["type"] for r in built if any(str(r.get(c, "")).startswith("CRASH") for c in COLUMNS[3:])]
     return (f"{len(rows)} types: {len(built)} build and run plain greedy; transformers' prompt lookup is identical "
             f"on {len(pld_same)}; ngramspec is identical on {len(ours)} ({len(verified)} with drafts accepted, "
             f"{sum(r.get('ngramspec') == 'same' for r in pld_same)} of the {len(pld_same)}). "
-            f"Different output anywhere: {', '.join(diff) or 'none'}. "
+            f"Different output anywhere: {', '.join(diff) or 'none'}"
+            + (f" (and, after ngramspec's InexactPrecisionWarning, in {', '.join(warned)})" if warned else "")
+            + ". "
             f"ngramspec crashes: {', '.join(crash) or 'none'}.")
 
 

@@ -29,6 +29,7 @@ __version__ = "0.1.0"  # the only place the version is declared: pyproject.toml 
 _PUBLIC = {
     "DecodeStats": ".draft.metrics",
     "Draft": ".draft.proposal",
+    "InexactPrecisionWarning": ".hf.checks",
     "ModelNotFoundError": ".hf.models",
     "NgramSpeculator": ".draft.speculator",
     "SpeculationSession": ".draft.session",
@@ -43,6 +44,7 @@ _PUBLIC = {
 __all__ = [
     "DecodeStats",
     "Draft",
+    "InexactPrecisionWarning",
     "ModelNotFoundError",
     "NgramSpeculator",
     "SpeculationSession",
@@ -61,7 +63,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from .draft.proposal import Draft
     from .draft.session import SpeculationSession
     from .draft.speculator import NgramSpeculator
-    from .hf.checks import UnsupportedGenerationError
+    from .hf.checks import InexactPrecisionWarning, UnsupportedGenerationError
     from .hf.hook import install, ngram_generate, uninstall
     from .hf.models import ModelNotFoundError, load_model
 

@@ -33,6 +33,12 @@ EXACTNESS = ("tests/test_generate_hook.py tests/test_batch.py tests/test_decode.
 # name: (file, original text, mutated text, tests that must fail), or (file, [(original, mutated) or
 # (another file, original, mutated), ...], tests that must fail)
 MUTANTS = {
+    # 16-bit requests that go unwarned: float16 forgotten, or eager attention taken as a guarantee.
+    "16-bit unwarned": ("ngramspec/hf/checks.py", "if (dtype not in (torch.bfloat16, torch.float16) or",
+                        "if (dtype not in (torch.bfloat16,) or", "tests/test_architectures.py"),
+    # Shallow drafts drafted whether or not they pay (the sizing rule's answer ignored).
+    "shallow unsized": ("ngramspec/hf/shallow.py", "limit = self.evidence.length(self.cost_model, context, limit)\n",
+                        "limit = limit\n", "tests/test_self_draft.py"),
     "crop": (DECODE, "else q - width + cut)\n", "else max(q - width - 1, 0) + cut)\n", "tests/test_decode.py"),
     "hole masking": (DECODE, "            self.mask = torch.cat([self.mask, step], 1)\n",
                      "            self.mask = torch.cat([self.mask, torch.ones_like(step)], 1)\n",

@@ -4,13 +4,15 @@ accepted and partly rejected (an identical output with no accepted draft proves 
 full sweep over every registered type is `python -m eval compat` (eval/results/compat).
 """
 
+import warnings
+
 import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from eval.compat import prompts
 from eval.tiny_models import tiny_model
-from ngramspec import NgramSpeculator, UnsupportedGenerationError
+from ngramspec import InexactPrecisionWarning, NgramSpeculator, UnsupportedGenerationError
 
 from conftest import plain_generate
 
@@ -244,3 +246,43 @@ def test_the_rollbacks_a_hybrid_needs_beyond_transformers_crop(monkeypatch, mode
     with pytest.raises(UnsupportedGenerationError, match=says) as err:
         model.generate(ids, ngram_speculator=NgramSpeculator(payoff_sizing=False), **kwargs)
     assert model_type in str(err.value)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "qwen3_next"])
+def test_bfloat16_with_eager_attention_is_identical(model_type):
+    """16-bit weights are exact where every kernel gives a row the same result whatever the number
+    of rows (on these tiny models, eager attention's matmuls and softmax do on CPU), so a forward
+    over several tokens computes what one-token forwards compute (on the default model in
+    bfloat16, 7 of 18 real outputs parted at near-ties with sdpa, 1 with eager:
+    eval/results/precision). One row and a left-padded batch, drafts accepted."""
+    model = tiny_model(model_type, dtype=torch.bfloat16, seed=3, attn_implementation="eager", **KINDS[model_type])
+    ids, (batch_ids, mask) = prompts(model)
+    for prompt, kwargs in ((ids, {}), (batch_ids, {"attention_mask": mask})):
+        spec = NgramSpeculator(payoff_sizing=False)
+        expected = plain_generate(model, prompt, **_greedy(model, prompt), **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", InexactPrecisionWarning)
+            got = model.generate(prompt, ngram_speculator=spec, **_greedy(model, prompt), **kwargs)
+        assert got.tolist() == expected.tolist()
+        assert sum(s.accepted_tokens for s in spec.last_row_stats) > 0
+
+
+@pytest.mark.parametrize("dtype, attention, sample, says", [
+    (torch.bfloat16, "sdpa", False, "attn_implementation='eager'"),
+    (torch.float16, "sdpa", False, "attn_implementation='eager'"),
+    (torch.bfloat16, "eager", False, "even with eager attention"),
+    (torch.float32, "sdpa", False, None),
+    (torch.bfloat16, "sdpa", True, None),  # sampling is exact in distribution, not per token
+])
+def test_a_16bit_greedy_request_is_warned_once(dtype, attention, sample, says):
+    model = tiny_model("llama", dtype=dtype, attn_implementation=attention)
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            model.generate(ids, max_new_tokens=4, do_sample=sample, pad_token_id=0,
+                           ngram_speculator=NgramSpeculator())
+    ours = [str(w.message) for w in caught if issubclass(w.category, InexactPrecisionWarning)]
+    assert len(ours) == (says is not None)
+    if says:
+        assert str(dtype).removeprefix("torch.") in ours[0] and says in ours[0] and "float32" in ours[0]

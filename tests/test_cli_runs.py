@@ -304,9 +304,11 @@ def test_every_speculation_setting_is_reachable_through_set_and_config(tmp_path)
             text = "0.02"
         else:
             text = "1:1.0,8:1.5"
-        expected = parse_config(f"{name}={text}")
+        needs = {"self_draft_only": "self_draft_layers=2"}.get(name)  # a setting that needs another one
+        expected = parse_config(",".join(filter(None, [needs, f"{name}={text}"])))
         assert expected != SpeculatorConfig(), name
-        assert _speculator_config(parser.parse_args(base + ["--set", f"{name}={text}"])) == expected, name
+        given = (["--set", needs] if needs else []) + ["--set", f"{name}={text}"]
+        assert _speculator_config(parser.parse_args(base + given)) == expected, name
     config_file = tmp_path / "spec.conf"
     config_file.write_text("# my settings\nmax_draft_tokens=12  # longer drafts\nverify_cost=1:1.0,8:1.5\n")
     config = _speculator_config(parser.parse_args(base + ["--config", str(config_file), "--set", "min_n=2"]))

@@ -557,11 +557,27 @@ def test_noncopy_times_both_sides_on_random_prompts_and_checks_the_outputs(tiny_
     assert "--settings max_n=3" in report and report.count("| yes |") == 2
 
 
+def test_precision_compares_each_dtype_and_kernel_with_plain_greedy(tiny_model_dir, tmp_path, capsys):
+    """`precision`: per dtype/attention, every item's ngramspec and prompt-lookup outputs against
+    plain greedy's, the drafts verified, and whether ngramspec warned (it does in 16 bits)."""
+    code, stdout, err = eval_main(["precision", "--model", str(tiny_model_dir), "--tasks", "jfleg,humanevalfix",
+                                   "--limit", "1", "--max-new-tokens", "8", "--quiet",
+                                   "--configs", "float32/eager,bfloat16/sdpa", "--out", str(tmp_path)], capsys)
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["dtype"], r["attention"]) for r in rows] == [("float32", "eager")] * 2 + [("bfloat16", "sdpa")] * 2
+    assert all(r["ngramspec"] and r["prompt_lookup"] and not r["warned"] for r in rows[:2]), rows
+    assert all(r["warned"] for r in rows[2:])  # once per model, so every row of that model counts it
+    assert all(0 <= r["accepted"] <= r["drafted"] for r in rows)  # (a random model's text has little to copy)
+    assert code == 0, err[-3000:]  # exit 1 only where an output parted unwarned
+    report = (tmp_path / "report.md").read_text()
+    assert "| float32 | eager | 2/2 | 2/2 |" in report and "| bfloat16 | sdpa |" in report
+
+
 # --- one entry point ---------------------------------------------------------------------------
 
-EVERY_COMMAND = ["run", "trace", "replay", "bench", "drafter", "coldstart", "noncopy", "selfspec", "cost-curve",
-                 "insitu-cost", "realdocs", "threads", "vllm-bench", "vllm-cost", "vllm-sim", "propose-bench",
-                 "compat", "gpu-payload", "vllm-metadata"]
+EVERY_COMMAND = ["run", "trace", "replay", "bench", "drafter", "coldstart", "noncopy", "selfspec", "precision",
+                 "cost-curve", "insitu-cost", "realdocs", "threads", "vllm-bench", "vllm-cost", "vllm-sim",
+                 "propose-bench", "compat", "gpu-payload", "vllm-metadata"]
 
 
 def test_the_one_entry_point_lists_every_command(capsys):

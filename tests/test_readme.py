@@ -49,10 +49,11 @@ GENERATE_KEYWORDS = {"ngram_speculator", "custom_generate", "attention_mask", "s
 
 
 def transformers_names() -> set[str]:
-    """generate()'s arguments: GenerationConfig's attributes and GENERATE_KEYWORDS."""
+    """generate()'s arguments (GenerationConfig's attributes and GENERATE_KEYWORDS), and the
+    from_pretrained() keywords that select how a model computes."""
     from transformers import GenerationConfig
 
-    return set(vars(GenerationConfig())) | GENERATE_KEYWORDS
+    return set(vars(GenerationConfig())) | GENERATE_KEYWORDS | {"attn_implementation", "dtype"}
 
 
 def readme() -> str:

@@ -12,23 +12,22 @@ of context and 2.03x at 2,000 (attention over the context grows with q). Why onl
 differs across machines, devices, dtypes and loads; the loop runs every forward anyway, so
 timing them costs nothing (on CUDA, events read a step later: no added sync).
 
-The estimate per half-octave of context: where both the one-token cell and the q-token cell
-hold at least ``min_samples`` timings (:class:`CostModelTuning`), their ratio of medians
-(robust: one slow step or a noisy neighbour moves a median little); else that ratio at the nearest context (within two
-half-octaves) where both are measured. Elsewhere the prior, with its excess cost (cost - 1)
-scaled by how far the measured cells of that context, or the nearest measured context, are
-from it. A batch of R rows is measured the same way against its own plain step (R tokens).
+The estimate per half-octave of context: where both the one-token cell and the q-token cell hold at least
+``min_samples`` timings (:class:`CostModelTuning`), their ratio of medians (robust: one slow step or a noisy
+neighbour moves a median little); else that ratio at the nearest context (within two half-octaves) where both
+are measured. Elsewhere the prior, with its excess cost (cost - 1) scaled by how far the measured cells of
+that context, or the nearest measured context, are from it. A batch of R rows is measured the same way against
+its own plain step (R tokens).
 
-Stale cells heal: a q-token cell is only refreshed by steps that draft q - 1 tokens. If a slow
-patch (a noisy neighbour) inflated it, drafting declines and nothing would time it again, while
-plain steps keep refreshing the one-token cell at the new speed. So a q-token cell whose newest
-timing is older than every timing of its context's (full) one-token cell is dropped: its
-timings come from another period. The prior then holds until drafting times that size again,
-and that first new timing counts at once (one retry, not min_samples, where drafting really
-does not pay).
+Stale cells heal: a q-token cell is only refreshed by steps that draft q - 1 tokens. If a slow patch (a noisy
+neighbour) inflated it, drafting declines and nothing would time it again, while plain steps keep refreshing
+the one-token cell at the new speed. So a q-token cell whose newest timing is older than every timing of its
+context's (full) one-token cell is dropped: its timings come from another period. The prior then holds until
+drafting times that size again, and that first new timing counts at once (one retry, not min_samples, where
+drafting really does not pay).
 
-One model may serve several threads (one speculator shared by concurrent ``generate()``
-calls): updates take a lock, and readers iterate over snapshots.
+One model may serve several threads (one speculator shared by concurrent ``generate()`` calls): updates take a
+lock, and readers iterate over snapshots.
 """
 
 from __future__ import annotations
@@ -168,6 +167,9 @@ class OnlineCost:
                 self._tables.clear()
                 self._scales.clear()
                 self._lines.clear()
+
+    def plain_seconds(self, context: int) -> float | None:  # a plain step's median time here (None: too few)
+        return self._median(1, self.bucket(context), 1)
 
     def needs_baseline(self, context: int, rows: int = 1) -> bool:
         """Too few plain-step timings of ``rows`` rows at this context to measure relative
@@ -350,16 +352,14 @@ class OnlineCost:
         return self.bucket(64 * rows), self.bucket(context) // 2
 
     def step_scale(self, rows: int, context: int = 512) -> float | None:
-        """How the measured excess cost of a step of ``rows`` rows with ``context`` tokens each
-        compares with the prior's (1: as the prior says), from its window or the nearest one
-        that measures it; None where none does. Refitted after step_refit more timed steps (an
-        engine asks every step; a fit over a full window costs ~60 us), or min_steps while none
-        is measured in the first step_refit steps."""
+        """How the measured excess cost of a step of ``rows`` rows with ``context`` tokens each compares with
+        the prior's (1: as the prior says), from its window or the nearest one that measures it; None where none
+        does. Refitted after step_refit more timed steps (an engine asks every step; a fit over a full window
+        costs ~60 us), or min_steps while none is measured in the first step_refit steps."""
         bucket = self._step_key(rows, context)
         cached = self._step_scales.get(bucket)
-        # Every min_steps steps while nothing is measured yet, then every step_refit (a window of
-        # steps that all drafted alike measures no slope, and refitting it every few steps
-        # would cost more than the drafting).
+        # Every min_steps steps while nothing is measured yet, then every step_refit (a window of steps that all
+        # drafted alike measures no slope, and refitting it every few steps would cost more than the drafting).
         measured = cached is not None and (cached[1] is not None or self.steps_observed >= self.tuning.step_refit)
         refit = self.tuning.step_refit if measured else self.tuning.min_steps
         if cached is not None and self.steps_observed - cached[0] < refit:

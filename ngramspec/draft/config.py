@@ -163,7 +163,12 @@ class SpeculatorConfig:
             0.33 of positions (0.31 where the n-gram copy breaks) at 0.8 of a full step's cost, the
             first 28 on 0.47 at 0.92, so it loses at every depth on the 2-core CPU (expected
             0.6-0.8x of plain greedy; ``python -m eval selfspec``, eval/results/selfspec.md).
-        self_draft_tokens: tokens per shallow draft (one shallow forward each).
+        self_draft_tokens: the longest shallow draft (one shallow forward per token). With
+            ``payoff_sizing``, the one sizing rule picks its length from the shallow tokens'
+            measured agreement and a shallow forward's measured cost, and drafts nothing where a
+            plain step pays more (:class:`~ngramspec.hf.shallow.ShallowEvidence`).
+        self_draft_only: self-speculation alone: the n-gram drafts are not used (to measure it
+            against n-gram drafting and both combined).
         cost_tuning: how the online cost model (``verify_cost`` None) learns from timings:
             :class:`~ngramspec.cost.costmodel.CostModelTuning`, its settings named
             ``cost_tuning.window`` and so on in settings text.
@@ -189,6 +194,7 @@ class SpeculatorConfig:
     max_loss: float | None = None
     self_draft_layers: int = 0
     self_draft_tokens: int = 4
+    self_draft_only: bool = False
     # --- Tuning that once lived in module constants (issue 40); defaults as those were ---
     cost_tuning: CostModelTuning = CostModelTuning()
     draft_tuning: DraftTuning = DraftTuning()
@@ -225,6 +231,8 @@ class SpeculatorConfig:
             raise SettingError(f"self_draft_layers must be >= 0 (got {self.self_draft_layers}); 0 turns it off.")
         if self.self_draft_tokens < 1:
             raise SettingError(f"self_draft_tokens must be >= 1 (got {self.self_draft_tokens}).")
+        if self.self_draft_only and not self.self_draft_layers:
+            raise SettingError("self_draft_only needs self_draft_layers > 0 (the shallow drafter it keeps).")
         if self.match not in MATCH_POLICIES:
             raise SettingError(f"match must be one of {MATCH_POLICIES}, got {self.match!r}.")
         if not 0.0 < self.acceptance_prior < 1.0:

@@ -30,10 +30,10 @@ from ..cost.timer import ForwardTimer
 from ..draft.metrics import DecodeStats
 from ..draft.speculator import NgramSpeculator
 from . import target as hf
-from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail, passes_positions
+from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail, passes_positions, warn_if_inexact
 from .decode import DecodeResult, Options, speculative_decode, stack_per_index
 from .probe import check_model_steps
-from .shallow import SelfDraftingSession, self_drafter
+from .shallow import SelfDraftingSession, self_drafter, shallow_evidence
 
 
 def ngram_generate(
@@ -59,6 +59,7 @@ def ngram_generate(
     if ngram_speculator is None:
         fail("custom_generate=ngram_generate needs ngram_speculator=NgramSpeculator(...).")
     check_request(model, input_ids, generation_config, model_kwargs, ngram_speculator)
+    warn_if_inexact(model, generation_config)
     if synced_gpus:
         fail("synced_gpus (DeepSpeed ZeRO-3 / FSDP) is not supported with ngram_speculator.")
     cache = model_kwargs.get("cache")
@@ -103,13 +104,15 @@ def ngram_generate(
         sessions = [ngram_speculator.start(hf.real_tokens(ids, mask, b), capacity) for b in range(len(rows))]
         shallow = self_drafter(model, cache, config, sample=options.sample, rows=len(rows), trees=options.trees)
         if shallow is not None:
-            sessions = [SelfDraftingSession(session, shallow) for session in sessions]
+            evidence = shallow_evidence(ngram_speculator, model)
+            sessions = [SelfDraftingSession(session, shallow, evidence, cost_model) for session in sessions]
         result = speculative_decode(ids, mask, positions[rows.start : rows.stop], sessions, target, options)
         for session, stats in zip(sessions, result.stats):
             stats.compiling_steps = getattr(session, "pending_steps", 0)
             session.finish()
             if shallow is not None:
                 stats.self_drafted_tokens, stats.self_accepted_tokens = session.drafted, session.accepted
+                stats.declined_steps += session.declined  # shallow drafts the sizing rule judged not to pay
         return result
 
     optimize = getattr(model, "_optimize_model_for_decode", None)

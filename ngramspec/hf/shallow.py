@@ -16,6 +16,9 @@ causal LM, the head after it, so the shallow logits are ``lm_head(norm(h_k))``.
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -23,6 +26,7 @@ import numpy as np
 import torch
 
 from ..draft.proposal import Draft
+from ..draft.sizing import padded_lengths
 from .checks import fail
 from .target import can_gather
 
@@ -72,6 +76,49 @@ def crop_layers(cache, kept: Sequence[int], tokens: int) -> None:
             cache.layers[i].crop(-tokens)
 
 
+class ShallowEvidence:
+    """What a speculator has learned of its shallow drafter, over all its requests, and the
+    sizing rule's inputs from it (``self_draft_sizing`` below):
+
+    - the agreement a, the chance a shallow draft token is accepted given the one before it was:
+      (accepted + prior x weight) / (accepted + refused + weight), from ``acceptance_prior`` with
+      the weight of ``draft_tuning.request_weight`` positions;
+    - the cost c of one shallow forward relative to a plain step at the same context: the median
+      of its last timings, each over the cost model's plain-step time there (prior until both are
+      measured: the share of the layers it runs, as its weights are read in that share).
+    """
+
+    def __init__(self, config, layers_run: int, layers: int):
+        self.prior, self.weight = config.acceptance_prior, config.draft_tuning.request_weight
+        self.prior_cost = layers_run / layers
+        self.accepted = self.refused = 0
+        self.costs: deque = deque(maxlen=15)  # shallow seconds / plain-step seconds, newest last
+
+    @property
+    def agreement(self) -> float:
+        return (self.accepted + self.prior * self.weight) / (self.accepted + self.refused + self.weight)
+
+    @property
+    def cost(self) -> float:
+        return statistics.median(self.costs) if self.costs else self.prior_cost
+
+    def timed(self, seconds: float, plain_seconds: float | None) -> None:
+        if plain_seconds:
+            self.costs.append(seconds / plain_seconds)
+
+    def length(self, cost_model, context: int, limit: int) -> int:
+        """The one sizing rule (:mod:`ngramspec.draft.sizing`) over a shallow draft: m tokens,
+        each accepted with the agreement given the one before, cost one verify over m + 1
+        tokens plus m shallow forwards; 0 (no draft) where a plain step emits more per cost.
+        A step of the first 28 of the default model's 30 layers (c ~0.92, a ~0.47) never pays
+        on the 2-core CPU: m = 1 emits 1.47 tokens for 1.13 + 0.92 plain steps."""
+        if limit <= 0:
+            return 0
+        costs = np.array([cost_model(m + 1, context) + m * self.cost for m in range(limit + 1)])
+        lengths, _ = padded_lengths(np.full((1, limit), self.agreement), np.array([limit], dtype=np.int64), costs)
+        return int(lengths[0])
+
+
 class ShallowDrafter:
     """Greedy drafts from layers ``kept`` of ``model``, on the target's own cache ``cache``.
 
@@ -85,38 +132,54 @@ class ShallowDrafter:
 
     def __init__(self, model, cache, kept: Sequence[int], tokens: int):
         self.model, self.cache, self.kept, self.tokens = model, cache, tuple(kept), tokens
+        self.seconds_per_token = 0.0  # the latest draft's time per shallow forward
 
     def draft(self, last: int, max_tokens: int) -> list[int]:
         device = self.model.device
         token, drafted = last, []
+        started = time.perf_counter()
         with running_layers(self.model, self.kept):
             for _ in range(max(0, min(self.tokens, max_tokens))):
                 # positions default to the cache's length onward (a batch of one has no padding)
                 logits = self.model(input_ids=torch.tensor([[token]], device=device), cache=self.cache,
                                     use_cache=True, logits_to_keep=1).logits  # (1, 1, V)
-                token = int(logits[0, -1].argmax())
+                token = int(logits[0, -1].argmax())  # reads the device: the time below is the forwards'
                 drafted.append(token)
+        if drafted:
+            self.seconds_per_token = (time.perf_counter() - started) / len(drafted)
         crop_layers(self.cache, self.kept, len(drafted))
         return drafted
 
 
 class SelfDraftingSession:
     """A request's n-gram session, with ``drafter``'s shallow drafts where the n-gram index has
-    no match at all (a match that payoff sizing declined stays a plain step). Counts the
-    shallow tokens drafted and accepted; everything else is the wrapped session's."""
+    no match at all (a match that payoff sizing declined stays a plain step), as long as the
+    sizing rule says they pay (:meth:`ShallowEvidence.length`; with ``payoff_sizing`` off,
+    always ``self_draft_tokens``). ``self_draft_only``: the n-gram drafts are not used (to
+    measure self-speculation alone). Counts the shallow tokens drafted and accepted and the
+    steps the rule declined; everything else is the wrapped session's."""
 
-    def __init__(self, session, drafter: ShallowDrafter):
-        self.session, self.drafter = session, drafter
-        self.drafted = self.accepted = 0
+    def __init__(self, session, drafter: ShallowDrafter, evidence: ShallowEvidence, cost_model):
+        self.session, self.drafter, self.evidence, self.cost_model = session, drafter, evidence, cost_model
+        self.drafted = self.accepted = self.declined = 0
         self._pending: list[int] = []
 
     def propose(self, max_tokens: int | None = None, sized: bool = True, tree: bool = True) -> Draft:
-        proposal = self.session.propose(max_tokens=max_tokens, sized=sized, tree=tree)
+        config = self.session.config
+        copies = 0 if config.self_draft_only else max_tokens  # 0: the n-gram session drafts nothing
+        proposal = self.session.propose(max_tokens=copies, sized=sized, tree=tree)
         self._pending = []
-        if len(proposal) or proposal.source_start >= 0:
+        if not config.self_draft_only and (len(proposal) or proposal.source_start >= 0):
             return proposal
-        limit = self.drafter.tokens if max_tokens is None else max_tokens
+        limit = self.drafter.tokens if max_tokens is None else min(self.drafter.tokens, max_tokens)
+        context = len(self.session.tokens)
+        if sized and config.payoff_sizing:
+            limit = self.evidence.length(self.cost_model, context, limit)
+            self.declined += limit == 0
         self._pending = self.drafter.draft(int(self.session.tokens[-1]), limit)
+        if self._pending:
+            plain = self.cost_model.plain_seconds(context) if hasattr(self.cost_model, "plain_seconds") else None
+            self.evidence.timed(self.drafter.seconds_per_token, plain)
         self.drafted += len(self._pending)
         return Draft(np.asarray(self._pending, dtype=np.int32))
 
@@ -127,6 +190,8 @@ class SelfDraftingSession:
         while agree < min(len(self._pending), len(emitted)) and self._pending[agree] == emitted[agree]:
             agree += 1
         self.accepted += agree
+        self.evidence.accepted += agree
+        self.evidence.refused += agree < len(self._pending)  # the first refusal ends a draft's run
         self._pending = []
         self.session.extend(accepted_tokens, verified=verified)
 
@@ -149,3 +214,13 @@ def self_drafter(model, cache, config, *, sample: bool, rows: int, trees: bool) 
     if not can_gather(cache):
         return None
     return ShallowDrafter(model, cache, prefix_layers(depth), config.self_draft_tokens)
+
+
+def shallow_evidence(speculator, model) -> ShallowEvidence:
+    """The speculator's evidence about its shallow drafter on ``model`` (kept across calls)."""
+    config = speculator.config
+    key = (id(model), config.self_draft_layers)
+    store = speculator.__dict__.setdefault("_shallow_evidence", {})
+    if key not in store:
+        store[key] = ShallowEvidence(config, config.self_draft_layers, len(decoder_layers(model)))
+    return store[key]
