@@ -314,7 +314,7 @@ def _setting(model, model_type: str, image_text: bool, setting: str, ids) -> str
         elif setting in ("eager", "sdpa", "flex"):
             variant = tiny_model(model_type, image_text=image_text,
                                  attn_implementation="flex_attention" if setting == "flex" else setting)
-        elif setting in ("bfloat16", "bfloat16_sdpa"):  # eager attention: the exact route in 16 bits
+        elif setting in ("bfloat16", "bfloat16_sdpa"):  # eager (rare partings) and sdpa
             attention = "sdpa" if setting == "bfloat16_sdpa" else "eager"
             variant = tiny_model(model_type, image_text=image_text, dtype=torch.bfloat16, attn_implementation=attention)
         elif setting == "sliding":

@@ -31,9 +31,27 @@ def add_arguments(parser) -> None:
     add_options(parser, "tasks", "limit", "max_new_tokens",
                 tasks=dict(default="xsum,dialogsum,jfleg,asset,humanevalfix,quixbugs"),
                 limit=dict(default=3), max_new_tokens=dict(default=64))
-    parser.add_argument("--configs", default=CONFIGS,
+    parser.add_argument("--configs", default=CONFIGS, type=configs,
                         help="comma-separated dtype/attention pairs (default: %(default)s)")
     parser.add_argument("--out", default=None, help="folder for report.md and results.jsonl")
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION = ("eager", "sdpa", "flex_attention")
+
+
+def configs(text: str) -> list[tuple[str, str]]:
+    """argparse type: "bfloat16/sdpa,float32/eager" -> [(dtype, attention), ...], or a clean error."""
+    import argparse
+
+    pairs = [tuple(part.split("/")) for part in text.split(",") if part]
+    for pair in pairs:
+        if len(pair) != 2 or pair[0] not in DTYPES or pair[1] not in ATTENTION:
+            raise argparse.ArgumentTypeError(f"{'/'.join(pair)!r} is no DTYPE/ATTENTION pair; dtypes: "
+                                             f"{', '.join(DTYPES)}; attention: {', '.join(ATTENTION)}")
+    if not pairs:
+        raise argparse.ArgumentTypeError("give at least one DTYPE/ATTENTION pair")
+    return pairs
 
 
 def compare(model, prompt, max_new_tokens: int) -> dict:
@@ -67,9 +85,8 @@ def main(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     items = [item for name in args.tasks for item in load_items(name, args.data_dir, args.limit)]
-    configs = [tuple(c.split("/")) for c in args.configs.split(",") if c]
     rows = []
-    for dtype_name, attention in configs:
+    for dtype_name, attention in args.configs:
         model, tokenizer = load_model(args.model, dtype=getattr(torch, dtype_name), attn_implementation=attention)
         started = time.perf_counter()
         for item in tqdm(items, desc=f"{dtype_name}/{attention}", unit="item", disable=args.quiet):
@@ -79,16 +96,17 @@ def main(args) -> int:
         mine = [r for r in rows if r["dtype"] == dtype_name and r["attention"] == attention]
         for row in mine:  # the warning comes once per model: every request on it was warned
             row["warned"] = any(r["warned"] for r in mine)
-        print(f"{dtype_name}/{attention}: {_line(rows, dtype_name, attention)} "
+        print(f"{dtype_name}/{attention}: ngramspec identical on {sum(r['ngramspec'] for r in mine)}/{len(mine)}, "
+              f"prompt lookup on {sum(r['prompt_lookup'] for r in mine)}/{len(mine)} "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
         del model
     command = (f"python -m eval precision --tasks {','.join(args.tasks)} --limit {args.limit} "
-               f"--max-new-tokens {args.max_new_tokens} --configs {args.configs}")
+               f"--max-new-tokens {args.max_new_tokens} --configs {','.join(map('/'.join, args.configs))}")
     lines = [f"Command: `{command}`; torch {torch.__version__}, {torch.get_num_threads()} torch threads, CPU, "
              f"model {args.model}, default settings.", "",
              "| dtype | attention | ngramspec identical | prompt lookup identical | draft tokens accepted/verified "
              "| ngramspec warned |", "|---|---|---|---|---|---|"]
-    for dtype_name, attention in configs:
+    for dtype_name, attention in args.configs:
         mine = [r for r in rows if r["dtype"] == dtype_name and r["attention"] == attention]
         lines.append(f"| {dtype_name} | {attention} | {sum(r['ngramspec'] for r in mine)}/{len(mine)} | "
                      f"{sum(r['prompt_lookup'] for r in mine)}/{len(mine)} | "
@@ -103,8 +121,3 @@ def main(args) -> int:
     # Exit 1 only where an output parted without the warning that says it may.
     return 0 if all(r["ngramspec"] or r["warned"] for r in rows) else 1
 
-
-def _line(rows: list[dict], dtype_name: str, attention: str) -> str:
-    mine = [r for r in rows if r["dtype"] == dtype_name and r["attention"] == attention]
-    return (f"ngramspec identical on {sum(r['ngramspec'] for r in mine)}/{len(mine)}, "
-            f"prompt lookup on {sum(r['prompt_lookup'] for r in mine)}/{len(mine)}")

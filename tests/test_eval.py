@@ -571,6 +571,8 @@ def test_precision_compares_each_dtype_and_kernel_with_plain_greedy(tiny_model_d
     assert code == 0, err[-3000:]  # exit 1 only where an output parted unwarned
     report = (tmp_path / "report.md").read_text()
     assert "| float32 | eager | 2/2 | 2/2 |" in report and "| bfloat16 | sdpa |" in report
+    code, _, err = eval_main(["precision", "--configs", "bf16/sdpa"], capsys)
+    assert code == 2 and "'bf16/sdpa' is no DTYPE/ATTENTION pair" in err
 
 
 # --- one entry point ---------------------------------------------------------------------------

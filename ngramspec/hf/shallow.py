@@ -78,7 +78,7 @@ def crop_layers(cache, kept: Sequence[int], tokens: int) -> None:
 
 class ShallowEvidence:
     """What a speculator has learned of its shallow drafter, over all its requests, and the
-    sizing rule's inputs from it (``self_draft_sizing`` below):
+    sizing rule's inputs from it (:meth:`length`):
 
     - the agreement a, the chance a shallow draft token is accepted given the one before it was:
       (accepted + prior x weight) / (accepted + refused + weight), from ``acceptance_prior`` with
@@ -178,8 +178,7 @@ class SelfDraftingSession:
             self.declined += limit == 0
         self._pending = self.drafter.draft(int(self.session.tokens[-1]), limit)
         if self._pending:
-            plain = self.cost_model.plain_seconds(context) if hasattr(self.cost_model, "plain_seconds") else None
-            self.evidence.timed(self.drafter.seconds_per_token, plain)
+            self.evidence.timed(self.drafter.seconds_per_token, self.cost_model.plain_seconds(context))
         self.drafted += len(self._pending)
         return Draft(np.asarray(self._pending, dtype=np.int32))
 
