@@ -1,7 +1,8 @@
 """`python -m eval compat`: every model type the installed transformers can load, one row each.
 
 For every causal-LM type transformers registers (and every image-text-to-text type with no
-causal-LM class, on a text-only prompt) a tiny random model is built from that type's own config
+causal-LM class, on a text-only prompt, and every encoder-decoder text-to-text type, its rows
+named "TYPE (seq2seq)") a tiny random model is built from that type's own config
 (``eval/tiny_models.py``) and decoded side by side:
 
 - plain greedy ``generate()``, transformers' prompt lookup (``prompt_lookup_num_tokens=5``) and
@@ -69,11 +70,11 @@ def main(args) -> int:
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
-    causal, image_text = model_types()
-    todo = [(t, False) for t in causal] + [(t, True) for t in image_text]
+    causal, image_text, seq2seq = model_types()
+    todo = [(t, "causal") for t in causal] + [(t, "image-text") for t in image_text] + [(t, "seq2seq") for t in seq2seq]
     if args.types:
         wanted = set(args.types.split(","))
-        todo = [(t, it) for t, it in todo if t in wanted]
+        todo = [(t, kind) for t, kind in todo if t in wanted or row_name(t, kind) in wanted]
     settings = [s for s in args.settings.split(",") if s] + (["compile"] if args.compile else [])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -81,13 +82,14 @@ def main(args) -> int:
     if args.restart and log.exists():
         log.unlink()
     rows = {r["type"]: r for r in map(json.loads, log.open())} if log.exists() else {}
-    for model_type, is_image_text in tqdm(todo, desc="compat", unit="type", file=sys.stderr):
-        if model_type in rows:
+    for model_type, kind in tqdm(todo, desc="compat", unit="type", file=sys.stderr):
+        name = row_name(model_type, kind)
+        if name in rows:
             continue
-        rows[model_type] = check_type(model_type, is_image_text, settings, args.timeout)
+        rows[name] = check_type(model_type, kind, settings, args.timeout)
         with log.open("a") as f:
-            f.write(json.dumps(rows[model_type], default=str) + "\n")
-    ordered = [rows[t] for t, _ in todo if t in rows]
+            f.write(json.dumps(rows[name], default=str) + "\n")
+    ordered = [rows[row_name(t, kind)] for t, kind in todo if row_name(t, kind) in rows]
     import transformers
 
     (out / "compat.md").write_text(render(ordered, settings, transformers.__version__, args.command_line))
@@ -104,9 +106,15 @@ class _Timeout(Exception):
     pass
 
 
-def check_type(model_type: str, image_text: bool, settings, timeout: int) -> dict:
-    """One row of the table (see the module docstring for what each cell means)."""
-    row = {"type": model_type, "kind": "image-text" if image_text else "causal"}
+def row_name(model_type: str, kind: str) -> str:
+    """A row's name: the type, and "(seq2seq)" after an encoder-decoder (BART has both)."""
+    return f"{model_type} (seq2seq)" if kind == "seq2seq" else model_type
+
+
+def check_type(model_type: str, kind: str, settings, timeout: int) -> dict:
+    """One row of the table (see the module docstring for what each cell means); ``kind``:
+    causal, image-text or seq2seq (:func:`eval.tiny_models.tiny_model`)."""
+    row = {"type": row_name(model_type, kind), "kind": kind}
 
     def alarm(*_):
         raise _Timeout(f"over {timeout} s")
@@ -115,7 +123,7 @@ def check_type(model_type: str, image_text: bool, settings, timeout: int) -> dic
     signal.alarm(timeout)
     start = time.perf_counter()
     try:
-        _check(row, model_type, image_text, settings)
+        _check(row, model_type, kind, settings)
     except _Timeout as err:
         row["cut_short"] = str(err)
     finally:
@@ -125,9 +133,9 @@ def check_type(model_type: str, image_text: bool, settings, timeout: int) -> dic
     return row
 
 
-def _check(row: dict, model_type: str, image_text: bool, settings) -> None:
+def _check(row: dict, model_type: str, kind: str, settings) -> None:
     try:
-        model = tiny_model(model_type, image_text=image_text)
+        model = tiny_model(model_type, kind=kind)
     except Exception as err:  # noqa: BLE001 - a type that cannot be built is a row, not a stop
         row["build"] = _error(err)
         return
@@ -159,7 +167,7 @@ def _check(row: dict, model_type: str, image_text: bool, settings) -> None:
     else:
         row["batch2"] = "n/a"
     for setting in settings:
-        row[setting] = _setting(model, model_type, image_text, setting, ids)
+        row[setting] = _setting(model, model_type, kind, setting, ids)
 
 
 def prompts(model, tries: int = 4) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -177,10 +185,10 @@ def prompts(model, tries: int = 4) -> tuple[torch.Tensor, tuple[torch.Tensor, to
         stretch = allowed[torch.randint(len(allowed), (10,), generator=generator)]
         head = torch.cat([stretch, stretch, stretch[:5]])[None]
         own = _run(model, head, max_new_tokens=16)
-        own = own[:, head.shape[1]:] if torch.is_tensor(own) else stretch[None]
+        own = own[:, -16:] if torch.is_tensor(own) else stretch[None]  # (an encoder-decoder returns its output alone)
         ids = torch.cat([head, own, stretch[None], own[:, :3]], 1)
         out = _run(model, ids)
-        copied = _copied(ids[0].tolist(), out[0, ids.shape[1]:].tolist()) if torch.is_tensor(out) else 0
+        copied = _copied(ids[0].tolist(), out[0, -NEW_TOKENS:].tolist()) if torch.is_tensor(out) else 0
         if copied > best_copied:
             best, best_copied = ids, copied
         if copied >= NEW_TOKENS // 2:
@@ -219,8 +227,10 @@ def _pad_id(model) -> int:
 
 
 def _run(model, ids, max_new_tokens: int = NEW_TOKENS, **kwargs):
-    """generate() greedy, no EOS (a full-length output); a tensor, or the error as text."""
+    """generate() greedy, no EOS (a full-length output); a tensor, or the error as text. (Greedy
+    also where the model's generation config asks for beam search, as FSMT's does.)"""
     kwargs.setdefault("do_sample", False)
+    kwargs.setdefault("num_beams", 1)
     try:
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
@@ -274,8 +284,10 @@ def _first_difference(model, prompt_len: int, reference, output) -> str:
     """Where the outputs part, and how close plain decoding's choice was there: the gap between
     the logits of its token and of ours, relative to its token's (a near-tie when it is within
     the dtype's rounding, which a forward over several tokens can flip)."""
-    new_ref, new_out = reference[0, prompt_len:].tolist(), output[0, prompt_len:].tolist()
+    new_ref, new_out = reference[0, -NEW_TOKENS:].tolist(), output[0, -NEW_TOKENS:].tolist()
     i = next(j for j, (a, b) in enumerate(zip(new_ref, new_out)) if a != b)
+    if model.config.is_encoder_decoder:
+        return f" at new token {i}"
     with torch.no_grad():
         logits = model(input_ids=reference[:, : prompt_len + i]).logits[0, -1].float()
     gap = (logits[new_ref[i]] - logits[new_out[i]]).item() / max(logits[new_ref[i]].abs().item(), 1e-6)
@@ -302,7 +314,7 @@ def _sampling(model, ids) -> str:
     return "same" if min(accepted) > 0 else "same, 0 acc"
 
 
-def _setting(model, model_type: str, image_text: bool, setting: str, ids) -> str:
+def _setting(model, model_type: str, kind: str, setting: str, ids) -> str:
     """One settings column: plain greedy and ngramspec under the same setting."""
     kwargs = {}
     variant = model
@@ -312,16 +324,16 @@ def _setting(model, model_type: str, image_text: bool, setting: str, ids) -> str
         elif setting == "quantized":
             kwargs = dict(cache_implementation="quantized", cache_config={"backend": "quanto", "nbits": 4})
         elif setting in ("eager", "sdpa", "flex"):
-            variant = tiny_model(model_type, image_text=image_text,
+            variant = tiny_model(model_type, kind=kind,
                                  attn_implementation="flex_attention" if setting == "flex" else setting)
         elif setting in ("bfloat16", "bfloat16_sdpa"):  # eager (rare partings) and sdpa
             attention = "sdpa" if setting == "bfloat16_sdpa" else "eager"
-            variant = tiny_model(model_type, image_text=image_text, dtype=torch.bfloat16, attn_implementation=attention)
+            variant = tiny_model(model_type, kind=kind, dtype=torch.bfloat16, attn_implementation=attention)
         elif setting == "sliding":
             overrides = _sliding_only(model.config)
             if overrides is None:
                 return "n/a"
-            variant = tiny_model(model_type, image_text=image_text, **overrides)
+            variant = tiny_model(model_type, kind=kind, **overrides)
         elif setting == "compile":
             variant = model
             variant.forward = torch.compile(model.forward, dynamic=True)

@@ -113,7 +113,8 @@ def readme_section(rows: list[dict]) -> str:
         groups.setdefault(_outcome(row), []).append(row)
     lines = [BEGIN, "", summary(rows), "",
              "Every causal-LM type the installed transformers registers (and the image-text-to-text types, on "
-             "a text-only prompt) was built as a tiny random model from its own config and decoded by plain "
+             "a text-only prompt, and the encoder-decoder text-to-text types, rows \"TYPE (seq2seq)\") was built "
+             "as a tiny random model from its own config and decoded by plain "
              "greedy `generate()`, transformers' prompt lookup and ngramspec side by side; the whole table, with "
              "sampling, a left-padded batch of 2 and the cache and attention settings, is "
              "`eval/results/compat/compat.md`.", ""]

@@ -121,6 +121,11 @@ OVERRIDES: dict[str, dict] = {
     # The thinker's multimodal RoPE reads a vision-start token its config does not define.
     "qwen2_5_omni_thinker": {"vision_start_token_id": 97},
     "qwen3_omni_moe_thinker": {"vision_start_token_id": 97},
+    # Encoder-decoders whose decoder start token is not set or lies past the shrunk vocabulary.
+    "t5": {"decoder_start_token_id": 0},
+    "marian": {"decoder_start_token_id": 0},
+    "switch_transformers": {"decoder_start_token_id": 0, "num_decoder_layers": 2, "decoder_sparse_step": 1,
+                            "encoder_sparse_step": 1},  # every layer sparse: two of them, not 12
 }
 
 # Types whose plain generate() cannot decode a text-only prompt, for a reason no attribute of the
@@ -238,18 +243,21 @@ def _cut_pattern(pattern, depth: int, old_depth):
     return ("".join(cut) if isinstance(pattern, str) else type(pattern)(cut)), depth
 
 
-def tiny_model(model_type: str, dtype=torch.float32, seed: int = 0, image_text: bool = False, **config_overrides):
-    """A tiny random ``model_type`` model in eval mode (AutoModelForCausalLM, or the
-    image-text-to-text class for a type that has no causal-LM class)."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+def tiny_model(model_type: str, dtype=torch.float32, seed: int = 0, kind: str = "causal", **config_overrides):
+    """A tiny random ``model_type`` model in eval mode: its AutoModelForCausalLM class (``kind``
+    "causal"), image-text-to-text class ("image-text", for a type that has no causal-LM class)
+    or encoder-decoder class ("seq2seq")."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
 
     config = tiny_config(model_type, config_overrides)
-    auto = AutoModelForImageTextToText if image_text else AutoModelForCausalLM
+    auto = {"causal": AutoModelForCausalLM, "image-text": AutoModelForImageTextToText,
+            "seq2seq": AutoModelForSeq2SeqLM}[kind]
     model_class = auto._model_mapping[type(config)]
     if not isinstance(config, model_class.config_class):  # the class takes a part (MusicGen's decoder)
         parts = (getattr(config, name, None) for name in getattr(config, "sub_configs", None) or {})
         config = next((part for part in parts if isinstance(part, model_class.config_class)), config)
-    config.is_decoder = True  # encoder families (BERT, RoBERTa, ...) are causal only as decoders
+    if kind != "seq2seq":
+        config.is_decoder = True  # encoder families (BERT, RoBERTa, ...) are causal only as decoders
     torch.manual_seed(seed)
     model = model_class._from_config(config, dtype=dtype)
     gc = getattr(model, "generation_config", None)
@@ -271,14 +279,30 @@ def text_only_reason(model) -> str | None:
     return NOT_TEXT_ONLY.get(getattr(model.config, "model_type", None))
 
 
-def model_types() -> tuple[list[str], list[str]]:
-    """(causal-LM types, image-text-to-text types with no causal-LM class) of the installed
-    transformers, sorted."""
+def model_types() -> tuple[list[str], list[str], list[str]]:
+    """(causal-LM types, image-text-to-text types with no causal-LM class, encoder-decoder
+    text-to-text types) of the installed transformers, sorted. (transformers files some
+    decoder-only speech models under text-to-text too: those are not encoder-decoders.)"""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     )
 
     causal = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     image_text = sorted(set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES) - set(causal))
-    return causal, image_text
+    seq2seq = sorted(t for t in set(MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES) - set(image_text)
+                     if _is_encoder_decoder(t))
+    return causal, image_text, seq2seq
+
+
+def _is_encoder_decoder(model_type: str) -> bool:
+    from transformers import CONFIG_MAPPING
+
+    try:
+        return bool(CONFIG_MAPPING[model_type]().is_encoder_decoder)
+    except Exception:  # noqa: BLE001 - a config that rejects its own defaults: its tiny config says
+        try:
+            return bool(tiny_config(model_type).is_encoder_decoder)
+        except Exception:  # noqa: BLE001
+            return False

@@ -212,7 +212,8 @@ def test_a_padded_batch_of_a_model_that_counts_its_own_positions(model_type):
     padding index): each counts positions from its cache, pads included, as plain generate()
     lets it, so the loop passes none and decodes the rows one at a time. RoBERTa also counts
     from a padding index by default, but generate() gives it 0-based ids: so does the loop."""
-    model = tiny_model(model_type, dtype=torch.float32, seed=3, image_text=model_type == "kosmos-2.5")
+    kind = "image-text" if model_type == "kosmos-2.5" else "causal"
+    model = tiny_model(model_type, dtype=torch.float32, seed=3, kind=kind)
     _, (ids, mask) = prompts(model)
     spec = NgramSpeculator(payoff_sizing=False)
     expected = plain_generate(model, ids, attention_mask=mask, **_greedy(model, ids))

@@ -80,15 +80,17 @@ def test_custom_generate_without_speculator(counted):
     assert calls == []
 
 
-def test_non_causal_model_is_rejected():
-    from transformers import BertConfig, BertModel, T5Config, T5ForConditionalGeneration
+def test_a_model_that_generates_no_text_is_rejected():
+    from transformers import BertConfig, BertModel, WhisperConfig, WhisperForConditionalGeneration
 
-    t5 = T5ForConditionalGeneration(
-        T5Config(vocab_size=32, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, decoder_start_token_id=0)
-    )
-    with pytest.raises(UnsupportedGenerationError, match="needs a decoder-only causal LM"):
-        t5.generate(IDS, ngram_speculator=NgramSpeculator(), max_new_tokens=3)
     bert = BertModel(BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                 intermediate_size=32))
-    with pytest.raises(UnsupportedGenerationError, match="decoder-only causal LM"):
+    with pytest.raises(UnsupportedGenerationError, match="needs a model that generates text"):
         ngramspec.hf.checks.check_request(bert, IDS)
+    # An encoder-decoder is served (tests/test_seq2seq.py) where its encoder reads token ids.
+    whisper = WhisperForConditionalGeneration(WhisperConfig(
+        vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, d_model=16,
+        encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, num_mel_bins=8, max_source_positions=16))
+    with pytest.raises(UnsupportedGenerationError, match="whose encoder reads input_features, not token ids"):
+        ngramspec.hf.checks.check_request(whisper, IDS)

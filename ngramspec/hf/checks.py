@@ -78,10 +78,16 @@ def check_request(model, input_ids=None, generation_config=None, model_kwargs=No
             "Create one with ngramspec.NgramSpeculator()."
         )
     config = model.config
-    if getattr(config, "is_encoder_decoder", False) or not model.can_generate():
+    if not model.can_generate():
         fail(
-            f"ngram_speculator needs a decoder-only causal LM; {type(model).__name__} is not one. "
-            "Load the model with AutoModelForCausalLM, or generate without ngram_speculator."
+            f"ngram_speculator needs a model that generates text; {type(model).__name__} does not. Load the model "
+            "with AutoModelForCausalLM (or AutoModelForSeq2SeqLM), or generate without ngram_speculator."
+        )
+    if getattr(config, "is_encoder_decoder", False) and getattr(model, "main_input_name", "input_ids") != "input_ids":
+        fail(
+            f"ngram_speculator drafts from text: {type(model).__name__} (model type "
+            f"{getattr(config, 'model_type', '?')!r}) is an encoder-decoder whose encoder reads "
+            f"{model.main_input_name}, not token ids. Generate without ngram_speculator."
         )
     _check_cache_support(model)
     if generation_config is not None:
@@ -111,8 +117,9 @@ def check_request(model, input_ids=None, generation_config=None, model_kwargs=No
             )
     if model_kwargs is not None:
         # (generate() prepares an empty mm_encoder_outputs {} for a text-only prompt)
+        known = _KNOWN_MODEL_KWARGS | ({"encoder_outputs"} if getattr(config, "is_encoder_decoder", False) else set())
         extra = sorted(k for k, v in model_kwargs.items()
-                       if v is not None and not (isinstance(v, dict) and not v) and k not in _KNOWN_MODEL_KWARGS)
+                       if v is not None and not (isinstance(v, dict) and not v) and k not in known)
         if extra:
             fail(
                 f"ngram_speculator handles text-only input_ids; unsupported generate() inputs: {extra}. "

@@ -23,7 +23,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache, GenerationMixin
-from transformers.generation import GenerateDecoderOnlyOutput
+from transformers.generation import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 
 from ..cost.timer import ForwardTimer
@@ -33,6 +33,7 @@ from . import target as hf
 from .checks import ASSISTED_CONFLICT, check_batch_request, check_request, fail, passes_positions, warn_if_inexact
 from .decode import DecodeResult, Options, speculative_decode, stack_per_index
 from .probe import check_model_steps
+from .seq2seq import EncoderInputs
 from .shallow import SelfDraftingSession, self_drafter, shallow_evidence
 
 
@@ -45,6 +46,7 @@ def ngram_generate(
     synced_gpus: bool = False,
     ngram_speculator: NgramSpeculator | None = None,
     ngram_streamer=None,
+    ngram_source_ids=None,
     **model_kwargs,
 ):
     """transformers ``custom_generate`` callable: speculative greedy decoding or sampling.
@@ -54,7 +56,9 @@ def ngram_generate(
     A batch (left-padded, with its attention mask; or one prompt expanded by
     ``num_return_sequences``) is verified in one forward per step, each row accepting its own
     number of draft tokens. Afterwards ``ngram_speculator.last_stats`` describes the whole
-    call and ``ngram_speculator.last_row_stats`` each row.
+    call and ``ngram_speculator.last_row_stats`` each row. An encoder-decoder model decodes
+    its rows one at a time, drafting from ``ngram_source_ids`` (the encoder's input ids) and its
+    output (:mod:`ngramspec.hf.seq2seq`).
     """
     if ngram_speculator is None:
         fail("custom_generate=ngram_generate needs ngram_speculator=NgramSpeculator(...).")
@@ -72,12 +76,17 @@ def ngram_generate(
     batch = input_ids.shape[0]
     if batch > 1:
         check_batch_request(logits_processor, ngram_streamer, stopping_criteria)
-    first_row = hf.real_tokens(input_ids, model_kwargs.get("attention_mask"), 0)[None]
-    explicit_positions = passes_positions(model)
-    check_model_steps(model, first_row, cache, explicit_positions)  # may refuse the model
+    encoder = EncoderInputs(model, model_kwargs, cache, ngram_source_ids) if model.config.is_encoder_decoder else None
+    # The decoder's prompt has no padding: the mask generate() prepared is the encoder's.
+    attention_mask = model_kwargs.get("attention_mask") if encoder is None else None  # None: no padding
+    explicit_positions = encoder is None and passes_positions(model)
+    if encoder is None:
+        check_model_steps(model, hf.real_tokens(input_ids, attention_mask, 0)[None], cache, explicit_positions)
+    else:  # (the source's tokens: the decoder's prompt is one start token)
+        source = encoder.source(0)
+        check_model_steps(model, (source if len(source) else input_ids[0])[None], cache, False, encoder.row(0, batch))
 
     gc = generation_config
-    attention_mask = model_kwargs.get("attention_mask")  # None: no padding (generate drops all-ones)
     positions = hf.text_positions(input_ids, attention_mask, model_kwargs.get("position_ids"))
     config, cost_model = ngram_speculator.config, ngram_speculator.cost_model
     forward_cost = cost_model if config.payoff_sizing else None  # None: a batch drafts all it proposes
@@ -92,16 +101,20 @@ def ngram_generate(
         timer=ForwardTimer(cost_model, input_ids.device) if cost_model.learn else None,
         streamer=ngram_streamer,
     )
-    capacity = min(gc.max_length, input_ids.shape[1] + (1 << 16))  # the drafter's index pre-size
+    source_length = 0 if encoder is None else max(len(encoder.source(b)) for b in range(batch))
+    capacity = min(gc.max_length + source_length, input_ids.shape[1] + source_length + (1 << 16))  # index pre-size
 
     def decode(rows: range, cache) -> DecodeResult:
         ids = input_ids[rows.start : rows.stop]
         mask = attention_mask[rows.start : rows.stop] if attention_mask is not None else None
-        target = hf.HFTarget(model, cache, explicit_positions)
+        target = hf.HFTarget(model, cache, explicit_positions, encoder and encoder.row(rows.start, batch))
         process = [hf.processors_for_row(logits_processor, b) for b in rows]
         options.process = process if any(p is not None for p in process) else None  # None: no prefix work
         options.trees = len(rows) == 1 and config.tree_branches > 1 and target.trees_ok
-        sessions = [ngram_speculator.start(hf.real_tokens(ids, mask, b), capacity) for b in range(len(rows))]
+        texts = [hf.real_tokens(ids, mask, b) for b in range(len(rows))]  # what each row's drafter indexes
+        if encoder is not None:  # the source first: the output copies from it
+            texts = [torch.cat([encoder.source(rows.start).to(text.device), text]) for text in texts]
+        sessions = [ngram_speculator.start(text, capacity) for text in texts]
         shallow = self_drafter(model, cache, config, sample=options.sample, rows=len(rows), trees=options.trees)
         if shallow is not None:
             evidence = shallow_evidence(ngram_speculator, model)
@@ -122,12 +135,14 @@ def ngram_generate(
         else:
             # Sliding-window or static caches cannot hold per-row holes: decode row by row,
             # each with its left padding (processors see what plain batched decoding shows).
-            result = _join([decode(range(b, b + 1), DynamicCache(config=model.config)) for b in range(batch)],
+            new_cache = encoder.new_cache if encoder is not None else lambda: DynamicCache(config=model.config)
+            result = _join([decode(range(b, b + 1), new_cache()) for b in range(batch)],
                            input_ids.shape[1], options)
     ngram_speculator.last_row_stats = result.stats
     ngram_speculator.last_stats = result.stats[0] if batch == 1 else DecodeStats.combine(result.stats)
     if gc.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(
+        output = GenerateDecoderOnlyOutput if encoder is None else GenerateEncoderDecoderOutput
+        return output(
             sequences=result.sequences,
             scores=tuple(result.scores) if gc.output_scores else None,
             logits=tuple(result.logits) if gc.output_logits else None,
@@ -194,6 +209,8 @@ def _wrap_generate(original):
         _route_stop_strings(self, kwargs)
         kwargs["custom_generate"] = ngram_generate
         kwargs["ngram_streamer"] = kwargs.pop("streamer", None)
+        if self.config.is_encoder_decoder:  # the drafter copies from the encoder's input too
+            kwargs["ngram_source_ids"] = inputs
         return original(self, ngram_speculator=ngram_speculator, **kwargs)
 
     generate._ngramspec_original = original

@@ -15,7 +15,7 @@ from __future__ import annotations
 import weakref
 
 import torch
-from transformers import DynamicCache, StaticCache
+from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
 from .checks import UnsupportedGenerationError, fail
 
@@ -23,19 +23,20 @@ from .checks import UnsupportedGenerationError, fail
 _VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def check_model_steps(model, input_ids: torch.Tensor, cache, explicit: bool) -> None:
+def check_model_steps(model, input_ids: torch.Tensor, cache, explicit: bool, encoder: dict | None = None) -> None:
     """Refuse ``model`` (UnsupportedGenerationError) when the loop's steps do not reproduce a plain
     forward on it, given position ids or not (``explicit``, as generate() gives them); runs once
-    per model object and cache kind (later calls read the verdict)."""
+    per model object and cache kind (later calls read the verdict). ``encoder``: an
+    encoder-decoder's encoder inputs for one row (the steps then run its decoder)."""
     static = any(hasattr(layer, "max_cache_len") for layer in getattr(cache, "layers", ()))
     verdicts = _VERDICTS.setdefault(model, {})
     if (static, explicit) not in verdicts:
-        verdicts[static, explicit] = _probe(model, input_ids[0], static, explicit)
+        verdicts[static, explicit] = _probe(model, input_ids[0], static, explicit, encoder)
     if verdicts[static, explicit] is not None:
         fail(verdicts[static, explicit])
 
 
-def _probe(model, prompt: torch.Tensor, static: bool, explicit: bool) -> str | None:
+def _probe(model, prompt: torch.Tensor, static: bool, explicit: bool, encoder: dict | None) -> str | None:
     from .target import HFTarget
 
     tokens = prompt.repeat(6 // len(prompt) + 1)[:6][None]  # (1, 6): the prompt's own ids, no special ones
@@ -43,10 +44,10 @@ def _probe(model, prompt: torch.Tensor, static: bool, explicit: bool) -> str | N
     try:
         with torch.no_grad():
             config = model.config.get_text_config(decoder=True)
-            plain_cache = DynamicCache(config=config)
-            reference = _plain_steps(model, tokens, positions if explicit else None, plain_cache)
+            plain_cache = _with_encoder(DynamicCache(config=config), config, encoder)
+            reference = _plain_steps(model, tokens, positions if explicit else None, plain_cache, encoder)
             cache = StaticCache(config=config, max_cache_len=8) if static else DynamicCache(config=config)
-            target = HFTarget(model, cache, explicit)
+            target = HFTarget(model, _with_encoder(cache, config, encoder), explicit, encoder)
             target.forward(tokens[:, :2], positions[:, :2], None, 1)  # prefill: the cache holds 0..1
             block = target.forward(tokens[:, 2:5], positions[:, 2:5], None, 3)  # [last, draft 2] -> 3, 4, 5
             target.crop(1)  # token 4 rejected: the cache holds 0..3
@@ -72,7 +73,8 @@ def _state_distance(cache, plain_cache) -> float:
     """The largest relative distance between the two caches' recurrent and (live) convolution
     states: the logits of a random model can barely depend on a state a rollback got wrong."""
     worst = 0.0
-    for ours, theirs in zip(cache.layers, plain_cache.layers):
+    for ours, theirs in zip(getattr(cache, "self_attention_cache", cache).layers,
+                            getattr(plain_cache, "self_attention_cache", plain_cache).layers):
         for name in ("recurrent_states", "conv_states"):
             for i, want in (getattr(theirs, name, None) or {}).items():
                 got = getattr(ours, name, {}).get(i)
@@ -82,13 +84,21 @@ def _state_distance(cache, plain_cache) -> float:
     return worst
 
 
-def _plain_steps(model, tokens, positions, cache) -> torch.Tensor:
+def _with_encoder(cache, config, encoder: dict | None):
+    """An encoder-decoder's cache: the decoder's self-attention ``cache`` and an empty
+    cross-attention one (filled by the first forward)."""
+    return cache if encoder is None else EncoderDecoderCache(cache, DynamicCache(config=config))
+
+
+def _plain_steps(model, tokens, positions, cache, encoder: dict | None) -> torch.Tensor:
     """Plain decoding's logits after tokens 2, 3, 4 and 5 (1, 4, V): a prefill of two tokens,
     then one token per forward (a prefix-LM such as PaliGemma sees its prompt whole only here)."""
+    from .target import model_forward
+
     logits = []
     for start, end in ((0, 2), (2, 3), (3, 4), (4, 5), (5, 6)):
-        given = {} if positions is None else {"position_ids": positions[:, start:end]}
-        out = model(input_ids=tokens[:, start:end], cache=cache, use_cache=True, **given)
+        given = None if positions is None else positions[:, start:end]
+        out = model_forward(model, tokens[:, start:end], cache, 1, given, None, encoder)
         logits.append(out.logits[:, -1:].float())
     return torch.cat(logits[1:], dim=1)
 

@@ -38,30 +38,37 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 class HFTarget:
-    """A causal LM and its KV cache (a :class:`~ngramspec.hf.decode.Target`)."""
+    """A causal LM and its KV cache (a :class:`~ngramspec.hf.decode.Target`). For an
+    encoder-decoder model, ``encoder`` holds one row's encoder inputs (``encoder_outputs`` and
+    the encoder's ``attention_mask``): the loop's tokens then feed the decoder, whose
+    self-attention cache is the one rolled back (the cross-attention cache never changes)."""
 
-    def __init__(self, model, cache, explicit_positions: bool | None = None):
+    def __init__(self, model, cache, explicit_positions: bool | None = None, encoder: dict | None = None):
         self.model = model
         self.cache = cache
+        self._encoder = encoder
+        decoder_cache = getattr(cache, "self_attention_cache", cache)  # what drafts write to
         # Rows with holes need explicit positions. A model that generate() gives none (see
         # checks.passes_positions) counts them itself, pads included: the loop gives none too,
         # and its rows decode one at a time, each with its own padding.
-        self._positions = ("position_ids" in inspect.signature(model.forward).parameters
-                           if explicit_positions is None else explicit_positions)
-        self.can_gather = can_gather(cache) and self._positions
+        # (A decoder of one row, with no holes, counts its positions from its cache.)
+        self._positions = (encoder is None and _takes(model, "position_ids") if explicit_positions is None
+                           else explicit_positions and encoder is None)
+        self.can_gather = can_gather(cache) and self._positions and encoder is None
         self.trees_ok = self.can_gather and model.config._attn_implementation in ("eager", "sdpa")
         self._prefilled = False
         self._recurrent: list = []  # layers with recurrent states (set after the prefill)
-        self._static = any(hasattr(layer, "max_cache_len") for layer in cache.layers)
+        self._static = any(hasattr(layer, "max_cache_len") for layer in decoder_cache.layers)
         self._crop_checked = False
         self._length = 0  # columns in the cache (kept here: reading a static cache's length syncs)
-        self._records = any(hasattr(layer, "record_past") for layer in cache.layers)
-        crops = [(layer, _attention_crop(layer)) for layer in cache.layers]
+        self._records = any(hasattr(layer, "record_past") for layer in decoder_cache.layers)
+        crops = [(layer, _attention_crop(layer)) for layer in decoder_cache.layers]
         self._uncropped = [(layer, crop) for layer, crop in crops if crop is not None]
         # A cache of recurrent layers only (Mamba-style): the left padding is folded into each
         # row's state by the prefill, and later forwards take no mask (as generate() passes them).
-        self._states_only = bool(cache.layers) and all(
-            hasattr(layer, "recurrent_states") and not hasattr(layer, "keys") for layer in cache.layers)
+        self._states_only = bool(decoder_cache.layers) and all(
+            hasattr(layer, "recurrent_states") and not hasattr(layer, "keys") for layer in decoder_cache.layers)
+        self._layers = decoder_cache.layers
 
     def forward(self, ids, positions, mask, keep: int, visible=None) -> torch.Tensor:
         # ids, positions: (A, q); mask: (A, C + q) or None; visible: (q, q) -> logits (A, keep, V)
@@ -78,16 +85,15 @@ class HFTarget:
             # layer) transformers stops masking them unless it is given a mask.
             mask = torch.ones((ids.shape[0], self._length + ids.shape[1]), dtype=torch.long, device=ids.device)
         self._length += ids.shape[1]
-        positions = {"position_ids": positions} if self._positions else {}
-        out = self.model(input_ids=ids, attention_mask=mask, cache=self.cache, use_cache=True, logits_to_keep=keep,
-                         **positions)
+        out = model_forward(self.model, ids, self.cache, keep, positions if self._positions else None, mask,
+                            self._encoder)
         if not self._prefilled:
             # Sliding-window and linear-attention layers drop old states on update; recording
             # keeps them until the next crop, so rejected draft tokens can be rolled back.
             # (After the prefill, as generate() does: recording during it would hold it all.)
             check_cache(self.model, self.cache)  # some layers know only once filled
             self.cache.activate_past_recording()
-            self._recurrent = [layer for layer in self.cache.layers if hasattr(layer, "recurrent_states_history")]
+            self._recurrent = [layer for layer in self._layers if hasattr(layer, "recurrent_states_history")]
             for layer in self._recurrent:  # one list per state (transformers shares one list among them)
                 layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
             self._prefilled = True
@@ -137,11 +143,11 @@ class HFTarget:
             self._crop(m)
         if m and not self._crop_checked:  # the first real rollback: did every layer follow it?
             self._crop_checked = True
-            lengths = {int(layer.get_seq_length()) for layer in self.cache.layers if hasattr(layer, "get_seq_length")}
+            lengths = {int(layer.get_seq_length()) for layer in self._layers if hasattr(layer, "get_seq_length")}
             if lengths - {0, self._length}:
                 fail(f"{type(self.cache).__name__} of {type(self.model).__name__} (model type "
                      f"{getattr(self.model.config, 'model_type', '?')!r}) did not roll back all its layers "
-                     f"({sorted({type(layer).__name__ for layer in self.cache.layers})}), so rejected draft tokens "
+                     f"({sorted({type(layer).__name__ for layer in self._layers})}), so rejected draft tokens "
                      "would stay in it. Use the default dynamic cache, or generate without ngram_speculator.")
 
     def _crop(self, m: int) -> None:
@@ -169,6 +175,23 @@ class HFTarget:
                 index = index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
                 layer.keys = layer.keys.gather(2, index)
                 layer.values = layer.values.gather(2, index)
+
+
+def model_forward(model, ids, cache, keep: int, positions=None, mask=None, encoder: dict | None = None):
+    """One forward of ``model`` over ``ids`` (A, q) on top of ``cache``: a causal LM's, or with
+    ``encoder`` an encoder-decoder's decoder (whose own mask is never needed: its rows decode one
+    at a time, without holes). Logits of at least the last ``keep`` positions."""
+    if encoder is None:
+        given = {} if positions is None else {"position_ids": positions}
+        return model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=keep, **given)
+    if mask is not None:
+        raise ValueError("an encoder-decoder's decoder rows decode one at a time, with no mask")
+    given = {"logits_to_keep": keep} if _takes(model, "logits_to_keep") else {}  # (BART, T5 take none)
+    return model(decoder_input_ids=ids, cache=cache, use_cache=True, **encoder, **given)
+
+
+def _takes(model, name: str) -> bool:
+    return name in inspect.signature(model.forward).parameters
 
 
 def _attention_crop(layer):
