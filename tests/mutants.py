@@ -36,6 +36,11 @@ MUTANTS = {
     # 16-bit requests that go unwarned: float16 forgotten, or eager attention taken as a guarantee.
     "16-bit unwarned": ("ngramspec/hf/checks.py", "if (dtype not in (torch.bfloat16, torch.float16) or",
                         "if (dtype not in (torch.bfloat16,) or", "tests/test_architectures.py"),
+    # An encoder-decoder's drafter without its source, or a row decoded with another row's encoder outputs.
+    "seq2seq source dropped": ("ngramspec/hf/seq2seq.py", "        if self.source_ids is None:\n",
+                               "        if True:\n", "tests/test_seq2seq.py"),
+    "seq2seq wrong row": ("ngramspec/hf/seq2seq.py", "        if batch == 1:\n", "        if True:\n",
+                          "tests/test_seq2seq.py"),
     # Shallow drafts drafted whether or not they pay (the sizing rule's answer ignored).
     "shallow unsized": ("ngramspec/hf/shallow.py", "limit = self.evidence.length(self.cost_model, context, limit)\n",
                         "limit = limit\n", "tests/test_self_draft.py"),
