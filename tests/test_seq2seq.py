@@ -106,3 +106,14 @@ def test_a_static_decoder_cache_is_refused_before_the_decoders_first_forward():
     with pytest.raises(UnsupportedGenerationError, match="rolls back an encoder-decoder's dynamic cache only"):
         model.generate(ids, ngram_speculator=NgramSpeculator(), **_greedy(cache_implementation="static"))
     assert calls == []
+
+
+def test_self_draft_layers_leave_an_encoder_decoder_to_its_copies():
+    """Self-speculation runs a decoder-only model's first layers; an encoder-decoder drafts
+    from its copies alone, and stays identical."""
+    model = _model("bart")
+    ids, _ = prompts(model)
+    spec = NgramSpeculator(payoff_sizing=False, self_draft_layers=1)
+    got = model.generate(ids, ngram_speculator=spec, **_greedy())
+    assert got.tolist() == plain_generate(model, ids, **_greedy()).tolist()
+    assert spec.last_stats.self_drafted_tokens == 0 and spec.last_stats.accepted_tokens > 0

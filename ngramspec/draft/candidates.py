@@ -110,11 +110,14 @@ def continuation(start, own, limit, stream, length, prompt_length, history, edit
         return n, -1, -1
     # The copied span may run into the suffix itself: the text is then periodic with period
     # length - start, and the draft continues the period (a run "a b a b a" drafts "b a b a ...").
-    period = length - start
     edited = start < prompt_length and _any_edit(edit_stamps)
     copied = scratch if edited else out
-    for j in range(limit):
-        copied[j] = stream[start + j % period]
+    at = start
+    for j in range(limit):  # stream[start + j % (length - start)], without a division per token
+        copied[j] = stream[at]
+        at += 1
+        if at == length:
+            at = start
     if edited:
         return apply_edits(copied[:limit], limit, edit_tokens, edit_sizes, edit_stamps, out)
     return limit, -1, -1

@@ -113,7 +113,7 @@ def ngram_generate(
         options.trees = len(rows) == 1 and config.tree_branches > 1 and target.trees_ok
         texts = [hf.real_tokens(ids, mask, b) for b in range(len(rows))]  # what each row's drafter indexes
         if encoder is not None:  # the source first: the output copies from it
-            texts = [torch.cat([encoder.source(rows.start).to(text.device), text]) for text in texts]
+            texts = [torch.cat([encoder.source(b).to(text.device), text]) for b, text in zip(rows, texts)]
         sessions = [ngram_speculator.start(text, capacity) for text in texts]
         shallow = self_drafter(model, cache, config, sample=options.sample, rows=len(rows), trees=options.trees)
         if shallow is not None:

@@ -201,10 +201,10 @@ class SelfDraftingSession:
 def self_drafter(model, cache, config, *, sample: bool, rows: int, trees: bool) -> ShallowDrafter | None:
     """The shallow drafter ``config.self_draft_layers`` asks for, or None: off (0), sampling
     (a shallow draft is a greedy point mass; exact sampling would need the drafter's own
-    distribution in the rejection test), a batch, token trees, or a cache other than plain
-    dynamic layers (its layers are cropped one by one)."""
+    distribution in the rejection test), a batch, token trees, an encoder-decoder, or a cache
+    other than plain dynamic layers (its layers are cropped one by one)."""
     depth = config.self_draft_layers
-    if not depth or sample or rows != 1 or trees:
+    if not depth or sample or rows != 1 or trees or model.config.is_encoder_decoder:
         return None
     layers = len(decoder_layers(model))
     if depth > layers:

@@ -11,7 +11,7 @@ from ..draft.sessions import ACTIVE, LENGTH, STAMP, VERIFIED, draft_rows
 from ..draft.sizing import flattened_lengths
 from .rows import PROBES, spot_check
 
-ROWS, SLOTS, LIMITS, LENGTHS = range(4)  # rows of propose_rows' work array
+ROWS, SLOTS, LIMITS, LENGTHS, OFFSETS = range(5)  # rows of propose_rows' work array
 
 
 @njit(cache=True)
@@ -33,8 +33,10 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     ``stamp`` marks the slots' STAMP. The slots' arrays and ``knob_values`` are the
     :class:`~ngramspec.draft.sessions.SessionTable`'s; settings (int64): payoff, max_draft,
     max_model_len. Out:
-    work (4, >= A) int64: the rows, their slots, limits and sized draft lengths; acceptance
-    (A, K) and drafts (A, K), unsized; kept: the sized drafts one after another, in row order."""
+    work (5, >= R + 1) int64: the rows, their slots, limits and sized draft lengths, and where
+    each row i's draft starts in ``kept`` (OFFSETS, i = 0..R: row i's draft is ``kept[offsets[i]
+    : offsets[i + 1]]``, empty for a row that does not decode); acceptance (A, K) and drafts
+    (A, K), unsized; kept: the sized drafts one after another, in row order."""
     rows, slots, limits, lengths = work[ROWS], work[SLOTS], work[LIMITS], work[LENGTHS]
     payoff, max_draft, max_model_len = settings[0] != 0, settings[1], settings[2]
     # 1. Rows that decode this step.
@@ -48,11 +50,14 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     # 2. Each row's slot: the one it had, if it still holds it (or as the caller matched).
     if check and live != expected:
         return live, False, 0, context
+    probes = np.empty(PROBES)  # each row's random probe positions (one buffer: an allocation per row costs)
     for r in range(live):
         i = rows[r]
         s = row_slots[i] if i < row_slots.shape[0] else -1
-        if check and (s < 0 or not spot_check(streams[s], token_ids[i, : ends[i]], state[s, LENGTH],
-                                              np.random.random(PROBES))):
+        if check and s >= 0:
+            for k in range(PROBES):
+                probes[k] = np.random.random()
+        if check and (s < 0 or not spot_check(streams[s], token_ids[i, : ends[i]], state[s, LENGTH], probes)):
             return live, False, 0, context
         if s < 0:
             raise ValueError("a decoding row has no slot")  # the caller matches every row first
@@ -73,11 +78,16 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
         raise ValueError("step_costs must price every total the drafts could add")
     if payoff:
         lengths[:live] = flattened_lengths(acceptance[:live], lengths[:live], step_costs)[0]
-    # 5. The next step verifies these; the sized drafts one after another.
-    at = 0
-    for r in range(live):
-        s, n = slots[r], lengths[r]
-        state[s, VERIFIED], state[s, ACTIVE] = n, 1
-        kept[at : at + n] = drafts[r, :n]
-        at += n
+    # 5. The next step verifies these; the sized drafts one after another, in row order.
+    offsets = work[OFFSETS]
+    at, r = 0, 0
+    for i in range(sampled.shape[0]):
+        offsets[i] = at
+        if r < live and rows[r] == i:
+            s, n = slots[r], lengths[r]
+            state[s, VERIFIED], state[s, ACTIVE] = n, 1
+            kept[at : at + n] = drafts[r, :n]
+            at += n
+            r += 1
+    offsets[sampled.shape[0]] = at
     return live, True, continued, context

@@ -51,7 +51,7 @@ from ..cost.costmodel import OnlineCost
 from ..cost.fit import line_scale
 from ..draft import compiling
 from ..draft.speculator import NgramSpeculator
-from .kernels import LENGTHS, ROWS, propose_rows
+from .kernels import OFFSETS, ROWS, propose_rows
 from .rows import HEAD, RowSessions
 from .settings import STATS_EVERY, STATS_FILE_ENV, max_num_seqs, speculator_config, step_prior
 
@@ -151,7 +151,7 @@ class Proposer:
             raise ValueError(f"num_tokens_no_spec ({ends.shape[0]}) and token_ids_cpu ({token_ids.shape[0]}) "
                              f"have fewer rows than sampled_token_ids ({count})")
         sessions = self.sessions
-        if self._work.shape[1] < count:  # buffers for every row of a step, grown as batches grow
+        if self._work.shape[1] <= count:  # buffers for every row of a step, grown as batches grow
             self._allocate(max(count, 2 * self._work.shape[1]))
         # 2. The usual step: the same rows as the last one, each holding its slot (spot-checked),
         #    drafted and sized in one compiled call.
@@ -171,16 +171,9 @@ class Proposer:
         if self._last_end is not None and live == count > 0 and sessions.continued == count:
             self.cost.observe_step(count + self._last_drafted, context, count, started - self._last_end)
         # 5. Every row's draft, in row order (rows that do not decode: none).
-        lengths = self._work[LENGTHS, :live].tolist()
-        kept = self._kept[: sum(lengths)].tolist()
-        if live == count == 1:
-            drafts = [kept]
-        else:
-            drafts = [[] for _ in range(count)]
-            start = 0
-            for i, n in zip(self._work[ROWS, :live].tolist(), lengths):
-                drafts[i] = kept[start : start + n]
-                start += n
+        offsets = self._work[OFFSETS, : count + 1].tolist()
+        kept = self._kept[: offsets[-1]].tolist()
+        drafts = [kept[start:end] for start, end in zip(offsets, offsets[1:])]
         self._last_drafted = len(kept)
         self.steps += 1
         self.drafted_tokens += len(kept)
@@ -219,7 +212,7 @@ class Proposer:
             self._work, self._drafts, self._acceptance, self._kept)
 
     def _allocate(self, rows: int) -> None:
-        self._work = np.zeros((4, rows), dtype=np.int64)  # ROWS, SLOTS, LIMITS, LENGTHS (sized)
+        self._work = np.zeros((5, rows + 1), dtype=np.int64)  # ROWS, SLOTS, LIMITS, LENGTHS (sized), OFFSETS
         self._drafts = np.zeros((rows, self.sessions.table.pending.shape[1]), dtype=np.int32)  # unsized
         self._acceptance = np.zeros(self._drafts.shape)  # each unsized draft position's estimate
         self._kept = np.zeros(rows * self._drafts.shape[1], dtype=np.int32)  # every sized draft, in row order
