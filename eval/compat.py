@@ -90,6 +90,8 @@ def main(args) -> int:
         with log.open("a") as f:
             f.write(json.dumps(rows[name], default=str) + "\n")
     ordered = [rows[row_name(t, kind)] for t, kind in todo if row_name(t, kind) in rows]
+    if not args.types:  # the log in the sweep's order, whatever order a resumed run appended rows in
+        log.write_text("".join(json.dumps(row, default=str) + "\n" for row in ordered))
     import transformers
 
     (out / "compat.md").write_text(render(ordered, settings, transformers.__version__, args.command_line))

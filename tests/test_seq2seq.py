@@ -1,6 +1,6 @@
 """Encoder-decoder models (ngramspec/hf/seq2seq.py): greedy output identical to plain greedy for
 one row and a left-padded batch, with drafts accepted and rolled back; drafts copy from the
-encoder's input; what cannot be rolled back is refused before the decoder's first forward.
+encoder's input; a static cache too; what cannot be rolled back is refused before the decoder's first forward.
 The sweep over every registered encoder-decoder type is `python -m eval compat` (rows "TYPE (seq2seq)").
 """
 
@@ -98,13 +98,35 @@ def test_seeded_sampling_does_not_depend_on_the_drafts():
     assert outputs[0].tolist() == outputs[1].tolist() and min(accepted) > 0
 
 
-def test_a_static_decoder_cache_is_refused_before_the_decoders_first_forward():
+@pytest.mark.parametrize("model_type", list(TYPES))
+def test_a_static_cache_is_identical(model_type):
+    """generate() builds static self- and cross-attention caches; the loop crops the decoder's
+    (an encoder-decoder cache's own crop refuses a static one), and each row of a batch gets a
+    static cache of the same sizes."""
+    model = _model(model_type)
+    _, (ids, mask) = prompts(model)
+    spec = NgramSpeculator(payoff_sizing=False)
+    kwargs = _greedy(cache_implementation="static")
+    assert model.generate(ids[:1], ngram_speculator=spec, **kwargs).tolist() == \
+        plain_generate(model, ids[:1], **kwargs).tolist()
+    assert spec.last_stats.accepted_tokens > 0 and _rollbacks(spec.last_stats) > 0
+    expected = plain_generate(model, ids, attention_mask=mask, **kwargs)
+    assert model.generate(ids, attention_mask=mask, ngram_speculator=spec, **kwargs).tolist() == expected.tolist()
+
+
+def test_another_decoder_cache_is_refused_before_the_decoders_first_forward():
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    class OwnCache(DynamicCache):  # a cache the loop does not know how to roll back
+        pass
+
     model = _model("bart")
     ids, _ = prompts(model)
     calls = []
     model.get_decoder().register_forward_hook(lambda *a: calls.append(1))
-    with pytest.raises(UnsupportedGenerationError, match="rolls back an encoder-decoder's dynamic cache only"):
-        model.generate(ids, ngram_speculator=NgramSpeculator(), **_greedy(cache_implementation="static"))
+    cache = EncoderDecoderCache(OwnCache(), DynamicCache())
+    with pytest.raises(UnsupportedGenerationError, match="rolls back an encoder-decoder's dynamic or static cache"):
+        model.generate(ids, ngram_speculator=NgramSpeculator(), cache=cache, **_greedy())
     assert calls == []
 
 

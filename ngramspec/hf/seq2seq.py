@@ -8,14 +8,14 @@ encoder's outputs; the loop then decodes as for a causal LM, feeding the decoder
   by its decoder tokens, so a summary or an edit copies from the document it rewrites;
 * rows decode one at a time, each with its slice of the encoder outputs and mask and a cache
   of its own (the decoder has no padding, so a row alone never needs a decoder mask);
-* only the decoder's self-attention cache is rolled back: the cross-attention cache holds the
-  encoder's keys and values, the same for every step.
+* only the decoder's self-attention cache (dynamic or static) is rolled back: the
+  cross-attention cache holds the encoder's keys and values, the same for every step.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache
+from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
 from .checks import fail
 
@@ -26,12 +26,14 @@ class EncoderInputs:
     ``source_ids`` (B, S) the encoder's input ids (None: drafts come from the output alone)."""
 
     def __init__(self, model, model_kwargs: dict, cache, source_ids):
-        if not isinstance(cache, EncoderDecoderCache) or not isinstance(cache.self_attention_cache, DynamicCache):
+        decoder_cache = getattr(cache, "self_attention_cache", None)
+        if not isinstance(cache, EncoderDecoderCache) or type(decoder_cache) not in (DynamicCache, StaticCache):
             fail(f"{type(model).__name__} (model type {getattr(model.config, 'model_type', '?')!r}) decodes here with "
-                 f"a {type(getattr(cache, 'self_attention_cache', cache)).__name__} decoder cache; ngram_speculator "
-                 "rolls back an encoder-decoder's dynamic cache only. Use the default cache (no "
-                 "cache_implementation), or generate without ngram_speculator.")
+                 f"a {type(decoder_cache or cache).__name__} decoder cache; ngram_speculator rolls back an "
+                 "encoder-decoder's dynamic or static cache. Use one of those (no cache_implementation, or 'static'), "
+                 "or generate without ngram_speculator.")
         self.config = model.config.get_text_config(decoder=True)
+        self.cache = cache  # the kind each row's own cache copies
         self.outputs = model_kwargs["encoder_outputs"]
         self.mask = model_kwargs.get("attention_mask")  # (B, S) or None: no padding
         self.source_ids = source_ids if torch.is_tensor(source_ids) and source_ids.dim() == 2 else None
@@ -51,8 +53,11 @@ class EncoderInputs:
         return row if self.mask is None else row[self.mask[b].bool().to(row.device)]
 
     def new_cache(self) -> EncoderDecoderCache:
-        """An empty cache for one row (the cross-attention part is filled by its first forward)."""
-        return EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        """An empty cache for one row, of the request's kind and sizes (the cross-attention part is
+        filled by its first forward)."""
+        return EncoderDecoderCache(*(StaticCache(config=self.config, max_cache_len=part.layers[0].max_cache_len)
+                                     if isinstance(part, StaticCache) else DynamicCache(config=self.config)
+                                     for part in (self.cache.self_attention_cache, self.cache.cross_attention_cache)))
 
 
 def _row(value, b: int):

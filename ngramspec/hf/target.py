@@ -69,6 +69,7 @@ class HFTarget:
         self._states_only = bool(decoder_cache.layers) and all(
             hasattr(layer, "recurrent_states") and not hasattr(layer, "keys") for layer in decoder_cache.layers)
         self._layers = decoder_cache.layers
+        self._decoder_cache = decoder_cache
 
     def forward(self, ids, positions, mask, keep: int, visible=None) -> torch.Tensor:
         # ids, positions: (A, q); mask: (A, C + q) or None; visible: (q, q) -> logits (A, keep, V)
@@ -80,7 +81,7 @@ class HFTarget:
             self._keep_states(ids.shape[1])
             if self._states_only:
                 mask = None
-        if mask is None and self._static:
+        if mask is None and self._static and self._encoder is None:
             # A static cache's unwritten slots must be masked; with recording on (a recurrent
             # layer) transformers stops masking them unless it is given a mask.
             mask = torch.ones((ids.shape[0], self._length + ids.shape[1]), dtype=torch.long, device=ids.device)
@@ -158,7 +159,7 @@ class HFTarget:
             self._crop_cache(m)
 
     def _crop_cache(self, m: int) -> None:
-        self.cache.crop(-m)
+        self._decoder_cache.crop(-m)  # (an encoder-decoder's crop refuses a static cache: its decoder's part crops)
         for layer, crop_attention in self._uncropped:
             crop_attention(layer, -m)
 
