@@ -28,7 +28,8 @@ def check_model_steps(model, input_ids: torch.Tensor, cache, explicit: bool, enc
     forward on it, given position ids or not (``explicit``, as generate() gives them); runs once
     per model object and cache kind (later calls read the verdict). ``encoder``: an
     encoder-decoder's encoder inputs for one row (the steps then run its decoder)."""
-    static = any(hasattr(layer, "max_cache_len") for layer in getattr(cache, "layers", ()))
+    decoder_cache = getattr(cache, "self_attention_cache", cache)  # (an encoder-decoder's: its decoder's part)
+    static = any(hasattr(layer, "max_cache_len") for layer in getattr(decoder_cache, "layers", ()))
     verdicts = _VERDICTS.setdefault(model, {})
     if (static, explicit) not in verdicts:
         verdicts[static, explicit] = _probe(model, input_ids[0], static, explicit, encoder)

@@ -54,7 +54,7 @@ class HFTarget:
         # (A decoder of one row, with no holes, counts its positions from its cache.)
         self._positions = (encoder is None and _takes(model, "position_ids") if explicit_positions is None
                            else explicit_positions and encoder is None)
-        self.can_gather = can_gather(cache) and self._positions and encoder is None
+        self.can_gather = can_gather(cache) and self._positions
         self.trees_ok = self.can_gather and model.config._attn_implementation in ("eager", "sdpa")
         self._prefilled = False
         self._recurrent: list = []  # layers with recurrent states (set after the prefill)
