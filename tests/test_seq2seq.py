@@ -139,3 +139,27 @@ def test_self_draft_layers_leave_an_encoder_decoder_to_its_copies():
     got = model.generate(ids, ngram_speculator=spec, **_greedy())
     assert got.tolist() == plain_generate(model, ids, **_greedy()).tolist()
     assert spec.last_stats.self_drafted_tokens == 0 and spec.last_stats.accepted_tokens > 0
+
+
+def test_load_model_loads_an_encoder_decoder_and_the_document_tool_says_it_cannot_prompt_one(
+        tiny_model_dir, tmp_path, cache_env, monkeypatch, capsys):
+    """load_model() takes an encoder-decoder folder (AutoModelForSeq2SeqLM) for model.generate();
+    `ngramspec summarize` prompts through a chat template and refuses it with a clear message."""
+    from transformers import AutoTokenizer
+
+    from ngramspec.app import cli as cli_module
+    from ngramspec.hf.models import load_model
+
+    from conftest import call_main
+
+    folder = tmp_path / "tiny-bart"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tiny_model("bart", kind="seq2seq", vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    model, _ = load_model(str(folder), device="cpu")
+    assert model.config.is_encoder_decoder and type(model).__name__ == "BartForConditionalGeneration"
+    document = tmp_path / "notes.txt"
+    document.write_text("A short note about the weather. It rained all day.")
+    monkeypatch.setenv("NGRAMSPEC_CACHE", cache_env["NGRAMSPEC_CACHE"])
+    code, _, err = call_main(cli_module.main, ["summarize", str(document), "--model", str(folder), "--quiet"], capsys)
+    assert code == 2 and "BartForConditionalGeneration is an encoder-decoder" in err and "Traceback" not in err

@@ -223,10 +223,13 @@ def _document_job(args, config, device: str | None, raw_stream: bool):
         from transformers import TextStreamer
 
         streamer_factory = lambda: TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)  # noqa: E731
-    return DocumentJob(model, tokenizer, None if args.no_speculation else NgramSpeculator(config),
-                       max_new_tokens=args.max_new_tokens, sample=args.sample, temperature=args.temperature,
-                       seed=args.seed, streamer_factory=streamer_factory, settings=job_settings(args),
-                       accept_loops=getattr(args, "accept_loops", False))
+    try:
+        return DocumentJob(model, tokenizer, None if args.no_speculation else NgramSpeculator(config),
+                           max_new_tokens=args.max_new_tokens, sample=args.sample, temperature=args.temperature,
+                           seed=args.seed, streamer_factory=streamer_factory, settings=job_settings(args),
+                           accept_loops=getattr(args, "accept_loops", False))
+    except ValueError as err:  # a model the document tool cannot prompt
+        raise CliError(f"cannot use model {args.model!r}: {err}") from None
 
 
 @contextlib.contextmanager

@@ -141,6 +141,12 @@ class DocumentJob:
                  sample: bool = False, temperature: float = 1.0, seed: int | None = None,
                  streamer_factory: Callable | None = None, settings: JobSettings | None = None,
                  accept_loops: bool = False, **changes):
+        if getattr(model.config, "is_encoder_decoder", False):
+            raise ValueError(
+                f"The document tool prompts a decoder-only chat model through its chat template and reads its "
+                f"output after the prompt; {type(model).__name__} is an encoder-decoder. Call "
+                "model.generate(input_ids, ngram_speculator=NgramSpeculator()) on it directly (the drafter copies "
+                "from the encoder's input), or give --model a decoder-only model.")
         self.model, self.tokenizer, self.speculator = model, tokenizer, speculator
         self.max_new_tokens, self.sample, self.temperature, self.seed = max_new_tokens, sample, temperature, seed
         self.streamer_factory = streamer_factory

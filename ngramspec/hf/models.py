@@ -109,12 +109,13 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype=No
     ``name`` is ``"default"`` (the embedded SmolLM2-135M-Instruct), a local model folder or a
     hub id; anything but ``"default"`` goes straight to transformers' ``from_pretrained``.
     ``device`` defaults to CUDA when available, else CPU; ``dtype`` to float32 on CPU and
-    bfloat16 on CUDA. Extra keyword arguments go to ``AutoModelForCausalLM.from_pretrained``.
+    bfloat16 on CUDA. Extra keyword arguments go to ``from_pretrained`` of
+    ``AutoModelForCausalLM``, or ``AutoModelForSeq2SeqLM`` for an encoder-decoder (T5, BART, ...).
     Also installs the ``generate()`` hook (:func:`ngramspec.install`), so the model's
     ``generate`` accepts ``ngram_speculator=``.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     from .hook import install
 
@@ -128,7 +129,9 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype=No
         dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        seq2seq = getattr(AutoConfig.from_pretrained(path), "is_encoder_decoder", False)
+        auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+        model = auto.from_pretrained(path, dtype=dtype, **kwargs)
     except OSError as err:
         raise ModelNotFoundError(
             f"Could not load model {name!r}: {err}\nGive 'default', a local model folder, or a hub "
