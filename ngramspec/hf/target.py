@@ -192,7 +192,14 @@ def model_forward(model, ids, cache, keep: int, positions=None, mask=None, encod
 
 
 def _takes(model, name: str) -> bool:
-    return name in inspect.signature(model.forward).parameters
+    return name in _forward_parameters(type(model))
+
+
+@functools.cache
+def _forward_parameters(model_class) -> frozenset:
+    """The names a model class's forward takes: read once per class (a decode step asks every
+    forward, and inspect.signature costs tens of microseconds)."""
+    return frozenset(inspect.signature(model_class.forward).parameters)
 
 
 def _attention_crop(layer):
