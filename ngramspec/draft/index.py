@@ -116,6 +116,19 @@ def _insert(tokens, end, n, h, slots):
 
 
 @njit(cache=True)
+def _place(end, n, h, slots):
+    """Record the first occurrence of an n-gram known to be absent (ending at ``end``): the
+    first empty slot from its home, with no comparison on the way."""
+    size = slots.shape[0]
+    i = _home(h, size)
+    while slots[i] != EMPTY:
+        i += 1
+        if i == size:
+            i = 0
+    slots[i] = _pack(n, end, end)
+
+
+@njit(cache=True)
 def index_append(tokens, length, new_tokens, min_n, max_n, slots):
     """Append ``new_tokens`` to ``tokens[:length]`` and index the n-grams they complete.
 
@@ -129,13 +142,20 @@ def index_append(tokens, length, new_tokens, min_n, max_n, slots):
         tokens[pos] = new_tokens[t]
         end = pos - 1  # the n-grams ending here just gained a continuation
         h = np.uint64(0)
+        absent = False  # an n-gram ending here occurred nowhere before: nor did any longer one
         for n in range(1, max_n + 1):
             start = end - n + 1
             if start < 0:
                 break
             h = _mix(h, tokens[start])
-            if n >= min_n:
-                used += _insert(tokens, end, n, h, slots)
+            if n < min_n:
+                continue
+            if absent:  # its probe would compare tokens all the way to an empty slot
+                _place(end, n, h, slots)
+                used += 1
+            else:
+                absent = _insert(tokens, end, n, h, slots) == 1
+                used += absent
     return used
 
 

@@ -87,7 +87,8 @@ class SpeculationSession:
             self._step_costs = wide
         needs_baseline = sized and self._cost_model.needs_baseline(length)
         count, chain, is_tree, match_len, source_start = propose_slot(
-            self._slot, max(limit, 0), wanted, sized, needs_baseline, costs, tree_costs, *self._table.arrays(),
+            self._slot, max(limit, 0), wanted, sized, needs_baseline, costs, tree_costs, *self._arrays,
+            *self._table.arrays()[2:],
             *self._table.history_arrays(), self._table.knob_values, self._out, self._parents, self._estimates,
             self._scratch, self._branch)
         self._proposed = int(count)
@@ -115,7 +116,8 @@ class SpeculationSession:
     def _extend(self, tokens: np.ndarray) -> None:
         if self.length + tokens.shape[0] > MAX_POSITIONS:
             raise ValueError(f"an n-gram index holds at most {MAX_POSITIONS:,} tokens")
-        extend_slot(self._slot, tokens, *self._table.arrays(), self._table.knob_values)
+        # The slot's stream and table, as propose_slot takes them (new arrays where they grew).
+        self._arrays = extend_slot(self._slot, tokens, *self._table.arrays(), self._table.knob_values)
 
     @property
     def cursor(self) -> int:

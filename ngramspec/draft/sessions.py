@@ -73,13 +73,16 @@ def extend_slot(s, new, streams, tables, state, evidence, pool, pending, branche
     """Slot s takes the tokens the target emitted (``new``, int32), its pending draft having had
     ``state[s, VERIFIED]`` tokens verified (-1: all): it learns how much of that draft the target
     kept, appends ``new`` and moves its copy cursor; learns an edit where a copy from the prompt
-    resumed. The knobs come packed (:func:`read_knobs`).
+    resumed. The knobs come packed (:func:`read_knobs`). Returns the slot's stream and table
+    (new arrays where they grew), which :func:`propose_slot` takes: reading a typed list's item
+    costs ~50 ns, a tenth of a row's drafting.
 
     One compiled entry point, not a wrapper over an inner kernel: Numba optimises and emits
     every compiled function's callees again inside it, so each level of calls adds to what a
     fresh install compiles."""
     knobs = read_knobs(knob_values)
     count = new.shape[0]
+    stream, table = streams[s], tables[s]
     sources = 0
     if state[s, PENDING]:
         source, match, drafted = state[s, PENDING_SOURCE], state[s, PENDING_MATCH], state[s, PENDING_LEN]
@@ -98,9 +101,8 @@ def extend_slot(s, new, streams, tables, state, evidence, pool, pending, branche
         sources = state[s, BRANCHES]
         state[s, PENDING] = 0
     if count == 0:
-        return
+        return stream, table
     old = state[s, LENGTH]
-    stream, table = streams[s], tables[s]
     sizes = stream.shape[0], table.shape[0]
     stream, table, used = index_extend(stream, table, old, state[s, USED], new, knobs.min_n, knobs.max_n)
     if stream.shape[0] != sizes[0]:  # new arrays where they grew (a typed list's store costs ~80 ns)
@@ -128,13 +130,14 @@ def extend_slot(s, new, streams, tables, state, evidence, pool, pending, branche
             m += 1
         if m == count:
             state[s, CURSOR] = source + m
-            return
+            return stream, table
         if m > best_kept:
             best_source, best_kept = source, m
     state[s, CURSOR] = -1
     if best_source >= 0:
         state[s, LOST_AT] = old + best_kept
         state[s, LOST_SOURCE] = best_source + best_kept
+    return stream, table
 
 
 @njit(cache=True)
@@ -155,13 +158,14 @@ def _best_length(own, source, match, acceptance, costs, needs_baseline, knobs):
 
 
 @njit(cache=True)
-def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, streams, tables, state, evidence, pool,
+def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, stream, table, state, evidence, pool,
                  pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
                  knob_values, out, parents, estimates, scratch, branch):
     """Slot s drafts up to ``limit`` tokens from up to ``wanted`` candidates (a tree where
     several add tokens), sized by ``costs`` (q -> a forward over q tokens, q up to limit + 1)
     where ``sized``, the tree by ``tree_costs`` (q up to max(max_tree_tokens, limit) + 1).
-    Returns (tokens in ``out``, of them the chain, whether ``parents`` holds a tree, the first
+    ``stream`` and ``table``: the slot's (as :func:`extend_slot` returns them). Returns (tokens
+    in ``out``, of them the chain, whether ``parents`` holds a tree, the first
     candidate's match length and start); ``estimates[:chain]`` each chain position's estimate.
     out, branch, scratch: room for max(limit, max_tree_tokens) + edit span int32. The knobs come
     packed (:func:`read_knobs`); one entry point, no inner kernel (see :func:`extend_slot`)."""
@@ -170,8 +174,8 @@ def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, str
     if limit <= 0:  # no room left for a draft: nothing to decide
         return 0, 0, False, 0, -1
     found = np.empty((2 * (knobs.max_n - knobs.min_n + 1) + 3, 4), dtype=np.int64)
-    stream, length, prompt_length = streams[s], state[s, LENGTH], state[s, PROMPT]
-    count = candidates(wanted, stream, length, tables[s], state[s, CURSOR], state[s, LOST_AT], state[s, LOST_SOURCE],
+    length, prompt_length = state[s, LENGTH], state[s, PROMPT]
+    count = candidates(wanted, stream, length, table, state[s, CURSOR], state[s, LOST_AT], state[s, LOST_SOURCE],
                        history, history_slots, history_length, knobs, found)
     if count == 0:
         return 0, 0, False, 0, -1
@@ -229,9 +233,11 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
         s = slots[r]
         seen = state[s, LENGTH]
         if seen < ends[r]:
-            extend_slot(s, token_ids[rows[r], seen : ends[r]], streams, tables, state, evidence, pool, pending,
-                        branches, edit_tokens, edit_sizes, edit_stamps, knob_values)
-        lengths[r] = propose_slot(s, limits[r], 1, False, False, no_costs, no_costs, streams, tables, state,
+            stream, table = extend_slot(s, token_ids[rows[r], seen : ends[r]], streams, tables, state, evidence,
+                                        pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, knob_values)
+        else:
+            stream, table = streams[s], tables[s]
+        lengths[r] = propose_slot(s, limits[r], 1, False, False, no_costs, no_costs, stream, table, state,
                                   evidence, pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history,
                                   history_slots, history_length, knob_values, out, no_parents, acceptance[r],
                                   scratch, scratch)[0]
