@@ -28,13 +28,21 @@ from .realign import realign
 
 
 @njit(cache=True)
+def found_rows(min_n, max_n):
+    """Rows of the ``found`` work array :func:`candidates` takes: up to two candidates per matching
+    length, fuzzy, cursor and history (2k + 3, k = max_n - min_n + 1), and k rows of scratch for the
+    index's matches (a caller allocates it once, not once per draft)."""
+    return 3 * (max_n - min_n + 1) + 3
+
+
+@njit(cache=True)
 def candidates(wanted, stream, length, table, cursor, lost_at, lost_source, history, history_slots, history_length,
                knobs, found):
     """Up to ``wanted`` distinct continuations of ``stream[:length]`` (its n-gram ``table``),
-    best first (the module's order), into ``found`` rows (start, match_len, own, contested);
-    returns how many. ``cursor``: the copy cursor (-1: none); ``lost_at``, ``lost_source``:
-    where the last copy broke. With one wanted (a chain), the search stops at the first source
-    that applies."""
+    best first (the module's order), into ``found`` rows (start, match_len, own, contested;
+    :func:`found_rows` rows, its last k scratch); returns how many. ``cursor``: the copy cursor
+    (-1: none); ``lost_at``, ``lost_source``: where the last copy broke. With one wanted (a
+    chain), the search stops at the first source that applies."""
     max_n = knobs.max_n
     count = 0
     if knobs.copy_cursor and 0 <= cursor < length:
@@ -43,7 +51,8 @@ def candidates(wanted, stream, length, table, cursor, lost_at, lost_source, hist
         if wanted == 1:
             return 1
     following = count  # the copy cursor stays first
-    matches = np.zeros((max_n - knobs.min_n + 1, 3), dtype=np.int64)  # (n, earliest, latest), longest first
+    # (n, earliest, latest, -), longest first: found's last k rows, below any candidate written
+    matches = found[found.shape[0] - (max_n - knobs.min_n + 1) :]
     if wanted == 1:
         n, start, other = index_find(stream, stream[:length], knobs.min_n, max_n, knobs.recent, table)
         rows = 1 if n > 0 else 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .candidates import found_rows
 from .config import SpeculatorConfig
 from .index import MAX_POSITIONS
 from .proposal import Draft, as_token_array
@@ -48,6 +49,7 @@ class SpeculationSession:
         self._out, self._branch, self._scratch = (np.zeros(width, dtype=np.int32) for _ in range(3))
         self._parents = np.zeros(width, dtype=np.int32)
         self._estimates = np.zeros(width)
+        self._found = np.empty((found_rows(config.min_n, config.max_n), 4), dtype=np.int64)  # propose_slot's work
         # The loss bound (sizing.LossBudget): with payoff sizing, drafts are cut to what this
         # request can afford to lose; each step is settled against the cost table it was cut by.
         self._budget = LossBudget(config.max_loss, config.draft_tuning.first_risk) \
@@ -90,7 +92,7 @@ class SpeculationSession:
             self._slot, max(limit, 0), wanted, sized, needs_baseline, costs, tree_costs, *self._arrays,
             *self._table.arrays()[2:],
             *self._table.history_arrays(), self._table.knob_values, self._out, self._parents, self._estimates,
-            self._scratch, self._branch)
+            self._scratch, self._branch, self._found)
         self._proposed = int(count)
         if count == 0:
             return Draft(_NO_TOKENS, match_len=int(match_len), source_start=int(source_start))

@@ -34,7 +34,7 @@ from numba import njit, types
 from numba.typed import List
 
 from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
-from .candidates import candidates, continuation
+from .candidates import candidates, continuation, found_rows
 from .edits import learn_edit, new_edits
 from .index import index_extend, table_size
 from .sizing import padded_lengths
@@ -160,20 +160,20 @@ def _best_length(own, source, match, acceptance, costs, needs_baseline, knobs):
 @njit(cache=True)
 def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, stream, table, state, evidence, pool,
                  pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
-                 knob_values, out, parents, estimates, scratch, branch):
+                 knob_values, out, parents, estimates, scratch, branch, found):
     """Slot s drafts up to ``limit`` tokens from up to ``wanted`` candidates (a tree where
     several add tokens), sized by ``costs`` (q -> a forward over q tokens, q up to limit + 1)
     where ``sized``, the tree by ``tree_costs`` (q up to max(max_tree_tokens, limit) + 1).
     ``stream`` and ``table``: the slot's (as :func:`extend_slot` returns them). Returns (tokens
     in ``out``, of them the chain, whether ``parents`` holds a tree, the first
     candidate's match length and start); ``estimates[:chain]`` each chain position's estimate.
-    out, branch, scratch: room for max(limit, max_tree_tokens) + edit span int32. The knobs come
+    out, branch, scratch: room for max(limit, max_tree_tokens) + edit span int32; found: int64
+    (:func:`~ngramspec.draft.candidates.found_rows`, 4), the candidates' work array. The knobs come
     packed (:func:`read_knobs`); one entry point, no inner kernel (see :func:`extend_slot`)."""
     knobs = read_knobs(knob_values)
     state[s, PENDING] = 0
     if limit <= 0:  # no room left for a draft: nothing to decide
         return 0, 0, False, 0, -1
-    found = np.empty((2 * (knobs.max_n - knobs.min_n + 1) + 3, 4), dtype=np.int64)
     length, prompt_length = state[s, LENGTH], state[s, PROMPT]
     count = candidates(wanted, stream, length, table, state[s, CURSOR], state[s, LOST_AT], state[s, LOST_SOURCE],
                        history, history_slots, history_length, knobs, found)
@@ -228,6 +228,7 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
     int64; drafts (A, K >= limits.max()) int32, lengths (A,) int64, acceptance (A, K) float64."""
     width = drafts.shape[1] + edit_tokens.shape[3]
     out, scratch = np.zeros(width, dtype=np.int32), np.zeros(width, dtype=np.int32)
+    found = np.empty((found_rows(int(knob_values[0]), int(knob_values[1])), 4), dtype=np.int64)
     no_costs, no_parents = np.zeros(1), np.zeros(1, dtype=np.int32)
     for r in range(rows.shape[0]):
         s = slots[r]
@@ -240,7 +241,7 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
         lengths[r] = propose_slot(s, limits[r], 1, False, False, no_costs, no_costs, stream, table, state,
                                   evidence, pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history,
                                   history_slots, history_length, knob_values, out, no_parents, acceptance[r],
-                                  scratch, scratch)[0]
+                                  scratch, scratch, found)[0]
         for i in range(lengths[r]):
             drafts[r, i] = out[i]
 
