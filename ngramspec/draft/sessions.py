@@ -67,7 +67,10 @@ def read_knobs(v):
                  int(v[10]), int(v[11]), int(v[12]), v[13], v[14], v[15], v[16], v[17])
 
 
-@njit(cache=True)
+# inline="always" (both kernels): vLLM's loop over rows (draft_rows) takes their bodies rather
+# than a call passing ~20 arrays each, ~8-10% of a usual step at 16-64 rows; compiling the
+# proposer from a clean cache took 17.7 s against 17.2. A transformers process calls them alone.
+@njit(cache=True, inline="always")
 def extend_slot(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes,
                 edit_stamps, knob_values):
     """Slot s takes the tokens the target emitted (``new``, int32), its pending draft having had
@@ -157,7 +160,7 @@ def _best_length(own, source, match, acceptance, costs, needs_baseline, knobs):
     return lengths[0]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, stream, table, state, evidence, pool,
                  pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
                  knob_values, out, parents, estimates, scratch, branch, found):
