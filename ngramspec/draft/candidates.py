@@ -35,7 +35,7 @@ def found_rows(min_n, max_n):
     return 3 * (max_n - min_n + 1) + 3
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # a body, not a call, in every row of a step (sessions.extend_slot)
 def candidates(wanted, stream, length, table, cursor, lost_at, lost_source, history, history_slots, history_length,
                knobs, found):
     """Up to ``wanted`` distinct continuations of ``stream[:length]`` (its n-gram ``table``),

@@ -159,7 +159,7 @@ def index_append(tokens, length, new_tokens, min_n, max_n, slots):
     return used
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # a body, not a call, in every row of a step (sessions.extend_slot)
 def index_extend(tokens, slots, length, used, new_tokens, min_n, max_n):
     """:func:`index_append`, first growing the stream (to fit) and the table (past MAX_LOAD) to
     :func:`_grown` sizes. ``used``: slots in use. Returns ``(tokens, slots, used)``: the arrays,

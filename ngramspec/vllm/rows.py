@@ -133,7 +133,7 @@ def find_slot(row, candidates, excluded, taken, streams, state, uniforms):
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # a body, not a call, in every row of a step (sessions.extend_slot)
 def spot_check(stream, row, seen, uniforms):
     """Do ``stream[:seen]`` and ``row`` agree on the first HEAD and last TAIL positions of
     ``stream[:seen]`` and at ``int(u * seen)`` for each u in ``uniforms``? (One compiled call per
