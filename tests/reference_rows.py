@@ -28,3 +28,25 @@ def spot_check_reference(stream, row, seen, uniforms) -> bool:
     probes = np.minimum((np.asarray(uniforms) * seen).astype(np.int64), seen - 1)
     return bool(np.array_equal(stream[:head], row[:head]) and np.array_equal(stream[tail:seen], row[tail:seen])
                 and np.array_equal(stream[probes], row[probes]))
+
+
+def match_rows_reference(token_ids, rows, ends, row_slots, candidates, streams, state, probes_for) -> tuple:
+    """:func:`match_rows` in plain Python: (had, slots). ``probes_for(seed)``: the uniforms the
+    kernel draws for that seed (a slot, or the number of slots plus the row) at this step."""
+    count = len(rows)
+    had = [int(row_slots[i]) if i < len(row_slots) else -1 for i in rows.tolist()]
+    taken = np.zeros(state.shape[0], dtype=np.bool_)
+    slots = [-1] * count
+    for r in range(count):
+        s = had[r]
+        row = token_ids[rows[r], : ends[r]]
+        if s >= 0 and not taken[s] and spot_check_reference(streams[s], row, int(state[s, LENGTH]), probes_for(s)):
+            slots[r] = s
+            taken[s] = True
+    for r in range(count):
+        if slots[r] < 0:
+            s = find_slot_reference(token_ids[rows[r], : ends[r]], candidates, had[r], taken, streams, state,
+                                    probes_for(state.shape[0] + r))
+            if s >= 0:
+                slots[r], taken[s] = s, True
+    return had, slots

@@ -20,9 +20,9 @@ from ngramspec.cost.fit import line_scale
 from ngramspec.draft.sessions import ACTIVE, LENGTH
 from ngramspec.vllm import VLLM_CPU_PRIOR, Proposer
 from ngramspec.vllm.kernels import propose_rows
-from ngramspec.vllm.rows import PROBES, RowSessions, check_rows, find_slot, spot_check
+from ngramspec.vllm.rows import PROBES, RowSessions, find_slot, match_rows, spot_check
 
-from reference_rows import find_slot_reference, spot_check_reference
+from reference_rows import find_slot_reference, match_rows_reference, spot_check_reference
 
 MAX_LEN = 4096
 
@@ -368,6 +368,47 @@ def test_find_slot_kernel_matches_its_reference(texts, pick, seen, excluded, tak
     assert find_slot(*args) == find_slot_reference(*plain)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=40), min_size=1, max_size=6),
+       st.lists(st.integers(0, 5), min_size=1, max_size=6), st.lists(st.integers(0, 40), min_size=6, max_size=6),
+       st.lists(st.integers(-1, 5), min_size=0, max_size=8), st.lists(st.integers(0, 5), max_size=8),
+       st.lists(st.integers(0, 3), min_size=6, max_size=6), st.integers(1, 1000))
+def test_match_rows_kernel_matches_its_reference(texts, picks, seen, row_slots, order, extra, stamp):
+    """Rows continuing (or not) slots that hold prefixes of small-alphabet texts, some rows
+    remembering a slot, some not: each row keeps, takes or misses the slot the reference says."""
+    from numba import types as nb_types
+    from numba.typed import List
+
+    from ngramspec.vllm.rows import draw_probes
+
+    streams = List.empty_list(nb_types.int32[::1])
+    state = np.zeros((6, 19), dtype=np.int64)
+    for s in range(6):
+        text = np.array(texts[s % len(texts)], dtype=np.int32)
+        streams.append(text.copy())
+        state[s, LENGTH] = min(seen[s], text.size)
+    count = len(picks)
+    token_ids = np.zeros((count, 48), dtype=np.int32)
+    ends = np.zeros(count, dtype=np.int32)
+    for r, pick in enumerate(picks):
+        text = np.array(texts[pick % len(texts)] + [1] * extra[r], dtype=np.int32)[:48]
+        token_ids[r, : text.size], ends[r] = text, text.size
+    rows = np.arange(count, dtype=np.int64)
+    row_slots, candidates = np.array(row_slots, dtype=np.int64), np.array(order, dtype=np.int64)
+    had, slots = np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
+    match_rows(token_ids, rows, ends, row_slots, candidates, streams, state, stamp, had, slots)
+
+    def probes_for(seed):
+        out = np.empty(PROBES)
+        draw_probes(stamp, seed, out)
+        return out
+
+    want = match_rows_reference(token_ids, rows, ends, row_slots, candidates, list(streams), state, probes_for)
+    assert (had.tolist(), slots.tolist()) == want
+    kept = [s for s in slots.tolist() if s >= 0]
+    assert len(kept) == len(set(kept))  # no slot twice
+
+
 def test_the_cpu_step_cost_on_an_accelerator_is_flagged(caplog):
     config = vllm_config(k=4)
     with caplog.at_level("WARNING", logger="ngramspec.vllm"):
@@ -486,7 +527,7 @@ def test_steps_call_the_kernels_with_the_types_they_were_warmed_for():
     cache; a refit of the step cost once did). Every version any call made must take
     contiguous arrays."""
     drafting_with(1.0)  # long enough to refit the step cost a few times
-    for kernel in (propose_rows, line_scale, check_rows, spot_check, find_slot):
+    for kernel in (propose_rows, line_scale, match_rows, spot_check, find_slot):
         for signature in kernel.signatures:
             layouts = [t.layout for t in signature if isinstance(t, types.Array)]
             assert set(layouts) <= {"C"}, (kernel.__name__, signature)

@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..draft.index import _mix
 from ..draft.sessions import ACTIVE, LENGTH, STAMP, VERIFIED, draft_rows
 from ..draft.sizing import flattened_lengths
-from .rows import PROBES, spot_check
+from .rows import PROBES, draw_probes, spot_check
 
 ROWS, SLOTS, LIMITS, LENGTHS, OFFSETS = range(5)  # rows of propose_rows' work array
 
@@ -92,13 +91,3 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     offsets[sampled.shape[0]] = at
     return live, True, continued, context
 
-
-@njit(cache=True)
-def draw_probes(stamp, slot, out):
-    """Fill ``out`` with uniforms in [0, 1) for ``slot``'s spot checks at step ``stamp``: a
-    splitmix hash of the three, new every step (np.random.random costs ~9 ns a draw, eight per
-    row per step; a hash ~1)."""
-    h = _mix(np.uint64(stamp), slot)
-    for k in range(out.shape[0]):
-        h = _mix(h, k)
-        out[k] = (h >> np.uint64(11)) * (1.0 / 9007199254740992.0)  # the top 53 bits / 2**53

@@ -10,6 +10,7 @@ from collections import OrderedDict
 import numpy as np
 from numba import njit
 
+from ..draft.index import _mix
 from ..draft.sessions import ACTIVE, LENGTH, STAMP, SessionTable
 from ..draft.speculator import NgramSpeculator
 
@@ -32,8 +33,7 @@ class RowSessions:
     stays bounded under a server that runs for months.
     """
 
-    def __init__(self, speculator: NgramSpeculator, max_idle: int = 64, max_idle_tokens: int = 1_000_000,
-                 seed: int = 0):
+    def __init__(self, speculator: NgramSpeculator, max_idle: int = 64, max_idle_tokens: int = 1_000_000):
         self.speculator = speculator
         self.table = SessionTable(speculator.config, speculator.history, pool=speculator.pool)
         self.max_idle, self.max_idle_tokens = max_idle, max_idle_tokens
@@ -41,7 +41,6 @@ class RowSessions:
         self.rows = np.zeros(0, dtype=np.int64)  # row index -> its slot in the last step (-1: none)
         self.active = np.zeros(0, dtype=np.int64)  # the last step's slots
         self.idle: OrderedDict[int, None] = OrderedDict()  # idle slots, oldest first
-        self.rng = np.random.default_rng(seed)
         self.created = 0  # slots built from a row's whole text
         self.steps = 0
         self.continued = 0  # rows of the latest step that also ran in the one before (see step)
@@ -55,35 +54,28 @@ class RowSessions:
         ``token_ids[rows[r], :ends[r]]``) to a slot; returns the slots (A,). The slots extend
         with their rows' new tokens when they draft (:func:`propose_rows`)."""
         count = rows.shape[0]
-        uniforms = self.rng.random((count, PROBES))  # every row's probes in one draw
-        had = np.full(count, -1, dtype=np.int64)
-        known = rows < self.rows.shape[0]
-        had[known] = self.rows[rows[known]]
-        slots = np.where(check_rows(token_ids, rows, ends, had, self.table.streams, self.table.state, uniforms),
-                         had, -1)
-        moved = np.flatnonzero(slots < 0)
-        if moved.size:  # new, moved or preempted requests: one compiled lookup each
-            candidates = np.concatenate([self.active, np.fromiter(self.idle, dtype=np.int64, count=len(self.idle))])
-            taken = np.zeros(self.table.state.shape[0], dtype=np.bool_)
-            taken[slots[slots >= 0]] = True
-            for r in moved.tolist():
-                slot = find_slot(token_ids[rows[r], : ends[r]], candidates, had[r], taken, self.table.streams,
-                                 self.table.state, uniforms[r])
-                if slot < 0:
-                    slot = self.table.new(int(ends[r]))
-                    self.created += 1
-                elif slot in self.idle:  # a preempted request is back
-                    del self.idle[slot]
-                    self.idle_tokens -= self.length(slot)
-                if slot < taken.shape[0]:  # (a new slot may lie past it: never a candidate)
-                    taken[slot] = True
-                slots[r] = slot
-        state = self.table.state
-        continued = int(state[slots, ACTIVE].sum())  # its last draft was verified unless it was idle
         self.steps += 1
+        # 1. Each row keeps its slot, or takes a moved or idle one whose text it continues: one
+        #    compiled call for all rows (-1: none, a new request).
+        candidates = np.concatenate([self.active, np.fromiter(self.idle, dtype=np.int64, count=len(self.idle))])
+        had, slots = np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
+        match_rows(token_ids, rows, ends, self.rows, candidates, self.table.streams, self.table.state, self.steps,
+                   had, slots)
+        # 2. New requests index their whole text in their first extend; a preempted one is back.
+        for r in np.flatnonzero((slots != had) | (slots < 0)).tolist():
+            slot = int(slots[r])
+            if slot < 0:
+                slots[r] = self.table.new(int(ends[r]))
+                self.created += 1
+            elif slot in self.idle:
+                del self.idle[slot]
+                self.idle_tokens -= self.length(slot)
+        state = self.table.state  # (new slots may have grown it)
+        continued = int(state[slots, ACTIVE].sum())  # its last draft was verified unless it was idle
         state[slots, STAMP] = self.steps
+        # 3. Slots no row took: finished (or preempted: it may come back).
         left = self.active[state[self.active, STAMP] != self.steps]
-        for s in left.tolist():  # finished (or preempted: it may come back)
+        for s in left.tolist():
             self.table.finish(s)  # its output joins the history once, however often it goes idle
             state[s, ACTIVE] = 0
             self.idle[s] = None
@@ -107,16 +99,41 @@ class RowSessions:
 
 
 @njit(cache=True)
-def check_rows(token_ids, rows, ends, slots, streams, state, uniforms):
-    """:func:`spot_check` for every row r against slot ``slots[r]`` (-1: none, False); True
-    where row r continues its slot's text."""
-    ok = np.zeros(rows.shape[0], dtype=np.bool_)
+def match_rows(token_ids, rows, ends, row_slots, candidates, streams, state, stamp, had, slots):
+    """Each decoding row r's slot (``rows`` (A,) into ``token_ids``, its text ``token_ids[rows[r],
+    :ends[r]]``): the slot it had (``row_slots[rows[r]]``, -1: none; written to ``had[r]``) where
+    the spot checks pass, else the first of ``candidates`` whose text it continues and no other
+    row took (:func:`find_slot`), else -1: a new request. Writes ``slots`` (A,). Probes are drawn
+    for step ``stamp`` (:func:`draw_probes`). Reference: ``tests/reference_rows.py``."""
+    taken = np.zeros(state.shape[0], dtype=np.bool_)
+    probes = np.empty(PROBES)
     for r in range(rows.shape[0]):
-        s = slots[r]
-        if s < 0:
-            continue
-        ok[r] = spot_check(streams[s], token_ids[rows[r], : ends[r]], state[s, LENGTH], uniforms[r])
-    return ok
+        i = rows[r]
+        s = row_slots[i] if i < row_slots.shape[0] else -1
+        had[r], slots[r] = s, -1
+        if s >= 0 and not taken[s]:  # (a slot is one request's: never two rows')
+            draw_probes(stamp, s, probes)
+            if spot_check(streams[s], token_ids[i, : ends[r]], state[s, LENGTH], probes):
+                slots[r] = s
+                taken[s] = True
+    for r in range(rows.shape[0]):  # after every kept slot is taken: a moved row never takes one
+        if slots[r] < 0:
+            draw_probes(stamp, state.shape[0] + r, probes)  # a stream of its own
+            s = find_slot(token_ids[rows[r], : ends[r]], candidates, had[r], taken, streams, state, probes)
+            if s >= 0:
+                slots[r] = s
+                taken[s] = True
+
+
+@njit(cache=True)
+def draw_probes(stamp, seed, out):
+    """Fill ``out`` with uniforms in [0, 1) for step ``stamp`` and ``seed`` (a slot): a splitmix
+    hash of them, new every step (np.random.random costs ~9 ns a draw, eight per row per step;
+    a hash ~1)."""
+    h = _mix(np.uint64(stamp), seed)
+    for k in range(out.shape[0]):
+        h = _mix(h, k)
+        out[k] = (h >> np.uint64(11)) * (1.0 / 9007199254740992.0)  # the top 53 bits / 2**53
 
 
 @njit(cache=True)
