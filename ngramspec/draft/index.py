@@ -7,7 +7,8 @@ every n-gram (n in [min_n, max_n]) to the end position of its earliest and lates
 An n-gram is inserted only once the token after it exists, so every stored occurrence has a
 continuation and the current suffix never matches itself. Appending one token therefore
 inserts the ``max_n - min_n + 1`` n-grams that end just before it: O(max_n) hashing plus
-O(max_n) token comparisons per probe, independent of how long the text already is (the table
+O(max_n) token comparisons per probe (none once a shorter one proved new: a longer one cannot
+be stored either), independent of how long the text already is (the table
 grows 1.5x past 70% load, an amortised O(1)). A query hashes the suffixes ending at the last
 token and probes from the longest down: O(max_n^2), also independent of the text length.
 

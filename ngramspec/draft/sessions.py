@@ -231,7 +231,8 @@ def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evi
     int64; drafts (A, K >= limits.max()) int32, lengths (A,) int64, acceptance (A, K) float64."""
     width = drafts.shape[1] + edit_tokens.shape[3]
     out, scratch = np.zeros(width, dtype=np.int32), np.zeros(width, dtype=np.int32)
-    found = np.empty((found_rows(int(knob_values[0]), int(knob_values[1])), 4), dtype=np.int64)
+    knobs = read_knobs(knob_values)
+    found = np.empty((found_rows(knobs.min_n, knobs.max_n), 4), dtype=np.int64)  # the candidates' work
     no_costs, no_parents = np.zeros(1), np.zeros(1, dtype=np.int32)
     for r in range(rows.shape[0]):
         s = slots[r]

@@ -90,4 +90,3 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
             r += 1
     offsets[sampled.shape[0]] = at
     return live, True, continued, context
-

@@ -15,7 +15,8 @@ from ..draft.sessions import ACTIVE, LENGTH, STAMP, SessionTable
 from ..draft.speculator import NgramSpeculator
 
 # Spot checks that a row still holds a session's request: its first HEAD tokens, the last
-# TAIL tokens the session has seen, and PROBES positions drawn at random each step. Together
+# TAIL tokens the session has seen, and PROBES positions drawn anew each step (a hash of the
+# step and the slot, :func:`draw_probes`). Together
 # they cost O(1) per row, yet a session never drafts for a row whose text it does not prefix
 # for long (a random probe catches any persistent difference sooner or later).
 HEAD, TAIL, PROBES = 16, 32, 8
