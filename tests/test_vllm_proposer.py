@@ -344,6 +344,21 @@ def test_spot_check_kernel_matches_its_reference(tokens, extra, changed, uniform
     assert not spot_check(stream, row, 0, uniforms) and not spot_check_reference(stream, row, 0, uniforms)
 
 
+def prefix_slots(texts, seen):
+    """Six slots, slot s holding the first ``seen[s]`` tokens of ``texts[s % len(texts)]``: (streams
+    as a typed list, state)."""
+    from numba import types as nb_types
+    from numba.typed import List
+
+    streams = List.empty_list(nb_types.int32[::1])
+    state = np.zeros((6, 19), dtype=np.int64)
+    for s in range(6):
+        text = np.array(texts[s % len(texts)], dtype=np.int32)
+        streams.append(text.copy())
+        state[s, LENGTH] = min(seen[s], text.size)
+    return streams, state
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=40), min_size=1, max_size=6),
        st.integers(0, 5), st.lists(st.integers(0, 40), min_size=6, max_size=6), st.integers(-1, 5),
@@ -352,15 +367,7 @@ def test_spot_check_kernel_matches_its_reference(tokens, extra, changed, uniform
 def test_find_slot_kernel_matches_its_reference(texts, pick, seen, excluded, taken, order, uniforms):
     """Slots holding prefixes of small-alphabet texts (so heads often agree and probes decide),
     a row continuing one of them: the kernel picks the slot the reference picks."""
-    from numba import types as nb_types
-    from numba.typed import List
-
-    streams = List.empty_list(nb_types.int32[::1])
-    state = np.zeros((6, 14), dtype=np.int64)
-    for s in range(6):
-        text = np.array(texts[s % len(texts)], dtype=np.int32)
-        streams.append(text.copy())
-        state[s, LENGTH] = min(seen[s], text.size)
+    streams, state = prefix_slots(texts, seen)
     row = np.concatenate([np.array(texts[pick % len(texts)], dtype=np.int32), np.arange(3, dtype=np.int32)])
     candidates, taken = np.array(order, dtype=np.int64), np.array(taken, dtype=np.bool_)
     args = (row, candidates, excluded, taken, streams, state, np.array(uniforms))
@@ -376,17 +383,9 @@ def test_find_slot_kernel_matches_its_reference(texts, pick, seen, excluded, tak
 def test_match_rows_kernel_matches_its_reference(texts, picks, seen, row_slots, order, extra, stamp):
     """Rows continuing (or not) slots that hold prefixes of small-alphabet texts, some rows
     remembering a slot, some not: each row keeps, takes or misses the slot the reference says."""
-    from numba import types as nb_types
-    from numba.typed import List
-
     from ngramspec.vllm.rows import draw_probes
 
-    streams = List.empty_list(nb_types.int32[::1])
-    state = np.zeros((6, 19), dtype=np.int64)
-    for s in range(6):
-        text = np.array(texts[s % len(texts)], dtype=np.int32)
-        streams.append(text.copy())
-        state[s, LENGTH] = min(seen[s], text.size)
+    streams, state = prefix_slots(texts, seen)
     count = len(picks)
     token_ids = np.zeros((count, 48), dtype=np.int32)
     ends = np.zeros(count, dtype=np.int32)
