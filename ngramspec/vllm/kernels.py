@@ -23,7 +23,7 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     of those slots ran in the step before, and the rows' mean length.
 
     token_ids (>= R, L) int32 and ends (>= R,) int32: row i's text is ``token_ids[i, :ends[i]]``;
-    sampled (R,) int64: tokens row i emitted this step (0: still prefilling). row_slots: row
+    sampled (R,) int64: > 0 where row i emitted tokens this step (0: still prefilling). row_slots: row
     -> slot (-1: none). With ``check``, each decoding row must hold the slot it had (spot
     checks) and there must be ``expected`` of them, else nothing changes and matched is False
     (the caller matches rows to slots and calls again without ``check``). Then every row

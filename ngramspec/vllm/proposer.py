@@ -88,6 +88,7 @@ class Proposer:
         # propose_rows' settings beyond the drafting engine's knobs, packed (each argument of a
         # compiled call costs ~0.1 us to pass)
         self._settings = np.array([config.payoff_sizing, self.max_draft, self.max_model_len], dtype=np.int64)
+        self._ones = np.ones(0, dtype=np.int64)  # every row sampled something (the usual step)
         compiling.wait()  # an engine step calls the kernels directly: they must be ready before the first
         self._warm_up()
 
@@ -144,7 +145,12 @@ class Proposer:
         started = self.clock()
         count = len(sampled_token_ids)
         # 1. Each row's tokens so far, and whether it decodes (a row prefilling sampled nothing).
-        sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=count)  # (count,)
+        if all(map(len, sampled_token_ids)):  # every row decodes (the usual step): one C-level pass
+            if self._ones.shape[0] < count:
+                self._ones = np.ones(2 * count, dtype=np.int64)
+            sampled = self._ones[:count]  # (count,): only "sampled anything" matters
+        else:
+            sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=count)  # (count,)
         ends = np.ascontiguousarray(num_tokens_no_spec, dtype=np.int32)  # (>= count,): vLLM's own array, as is
         token_ids = np.ascontiguousarray(token_ids_cpu)  # (>= count, max_model_len) int32, as is
         if ends.shape[0] < count or token_ids.shape[0] < count:
