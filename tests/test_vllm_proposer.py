@@ -208,13 +208,13 @@ def test_a_session_that_fails_its_check_is_not_offered_to_its_row_again():
     taken = np.zeros(table.state.shape[0], dtype=np.bool_)
     both = np.array([old, new], dtype=np.int64)
     # The row that continues `new` finds it, unless it is the one excluded or taken.
-    assert find_slot(other, both, -1, taken, table.streams, table.state, uniforms) == new
-    assert find_slot(other, both, new, taken, table.streams, table.state, uniforms) == -1
+    assert find_slot(other, both, -1, taken, table.indexes, table.state, uniforms) == new
+    assert find_slot(other, both, new, taken, table.indexes, table.state, uniforms) == -1
     taken[new] = True
-    assert find_slot(other, both, -1, taken, table.streams, table.state, uniforms) == -1
+    assert find_slot(other, both, -1, taken, table.indexes, table.state, uniforms) == -1
     # `row` continues neither (`old` holds its text but is not among the candidates).
-    assert find_slot(row, both[1:], -1, taken & False, table.streams, table.state, uniforms) == -1
-    assert find_slot(row, both, -1, taken & False, table.streams, table.state, uniforms) == old
+    assert find_slot(row, both[1:], -1, taken & False, table.indexes, table.state, uniforms) == -1
+    assert find_slot(row, both, -1, taken & False, table.indexes, table.state, uniforms) == old
 
 
 def test_a_changed_middle_is_caught_by_random_probes():
@@ -345,18 +345,19 @@ def test_spot_check_kernel_matches_its_reference(tokens, extra, changed, uniform
 
 
 def prefix_slots(texts, seen):
-    """Six slots, slot s holding the first ``seen[s]`` tokens of ``texts[s % len(texts)]``: (streams
-    as a typed list, state)."""
-    from numba import types as nb_types
+    """Six slots, slot s holding the first ``seen[s]`` tokens of ``texts[s % len(texts)]``: (the
+    slots' (stream, table) pairs as a typed list, their streams as a list, state)."""
     from numba.typed import List
 
-    streams = List.empty_list(nb_types.int32[::1])
+    from ngramspec.draft.sessions import INDEX
+
+    indexes = List.empty_list(INDEX)
     state = np.zeros((6, 19), dtype=np.int64)
     for s in range(6):
         text = np.array(texts[s % len(texts)], dtype=np.int32)
-        streams.append(text.copy())
+        indexes.append((text.copy(), np.zeros(16, dtype=np.uint64)))
         state[s, LENGTH] = min(seen[s], text.size)
-    return streams, state
+    return indexes, [stream for stream, _ in indexes], state
 
 
 @settings(max_examples=200, deadline=None)
@@ -367,11 +368,11 @@ def prefix_slots(texts, seen):
 def test_find_slot_kernel_matches_its_reference(texts, pick, seen, excluded, taken, order, uniforms):
     """Slots holding prefixes of small-alphabet texts (so heads often agree and probes decide),
     a row continuing one of them: the kernel picks the slot the reference picks."""
-    streams, state = prefix_slots(texts, seen)
+    indexes, streams, state = prefix_slots(texts, seen)
     row = np.concatenate([np.array(texts[pick % len(texts)], dtype=np.int32), np.arange(3, dtype=np.int32)])
     candidates, taken = np.array(order, dtype=np.int64), np.array(taken, dtype=np.bool_)
-    args = (row, candidates, excluded, taken, streams, state, np.array(uniforms))
-    plain = (row, candidates, excluded, taken, list(streams), state, np.array(uniforms))
+    args = (row, candidates, excluded, taken, indexes, state, np.array(uniforms))
+    plain = (row, candidates, excluded, taken, streams, state, np.array(uniforms))
     assert find_slot(*args) == find_slot_reference(*plain)
 
 
@@ -385,7 +386,7 @@ def test_match_rows_kernel_matches_its_reference(texts, picks, seen, row_slots, 
     remembering a slot, some not: each row keeps, takes or misses the slot the reference says."""
     from ngramspec.vllm.rows import draw_probes
 
-    streams, state = prefix_slots(texts, seen)
+    indexes, streams, state = prefix_slots(texts, seen)
     count = len(picks)
     token_ids = np.zeros((count, 48), dtype=np.int32)
     ends = np.zeros(count, dtype=np.int32)
@@ -395,14 +396,14 @@ def test_match_rows_kernel_matches_its_reference(texts, picks, seen, row_slots, 
     rows = np.arange(count, dtype=np.int64)
     row_slots, candidates = np.array(row_slots, dtype=np.int64), np.array(order, dtype=np.int64)
     had, slots = np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
-    match_rows(token_ids, rows, ends, row_slots, candidates, streams, state, stamp, had, slots)
+    match_rows(token_ids, rows, ends, row_slots, candidates, indexes, state, stamp, had, slots)
 
     def probes_for(seed):
         out = np.empty(PROBES)
         draw_probes(stamp, seed, out)
         return out
 
-    want = match_rows_reference(token_ids, rows, ends, row_slots, candidates, list(streams), state, probes_for)
+    want = match_rows_reference(token_ids, rows, ends, row_slots, candidates, streams, state, probes_for)
     assert (had.tolist(), slots.tolist()) == want
     kept = [s for s in slots.tolist() if s >= 0]
     assert len(kept) == len(set(kept))  # no slot twice

@@ -21,6 +21,7 @@ from .sessions import (
     SessionTable,
     extend_slot,
     propose_slot,
+    slot_index,
 )
 from .sizing import LossBudget
 from .tuning import fixed_cost_model
@@ -41,6 +42,7 @@ class SpeculationSession:
         self.config = config
         self._table = SessionTable(config, history, slots=1, pool=pool)
         self._slot = self._table.new(prompt.shape[0], capacity)
+        self._arrays = slot_index(self._table.indexes, self._slot)  # its (stream, table), as the kernels take them
         self.prompt_length = int(prompt.shape[0])
         # Costs at this request's context: the speculator's model (as measured so far), else the
         # fixed curve of this config (verify_cost, or the CPU one at 400 tokens of context).
@@ -90,7 +92,7 @@ class SpeculationSession:
         needs_baseline = sized and self._cost_model.needs_baseline(length)
         count, chain, is_tree, match_len, source_start = propose_slot(
             self._slot, max(limit, 0), wanted, sized, needs_baseline, costs, tree_costs, *self._arrays,
-            *self._table.arrays()[2:],
+            *self._table.arrays()[1:],
             *self._table.history_arrays(), self._table.knob_values, self._out, self._parents, self._estimates,
             self._scratch, self._branch, self._found)
         self._proposed = int(count)
@@ -118,8 +120,8 @@ class SpeculationSession:
     def _extend(self, tokens: np.ndarray) -> None:
         if self.length + tokens.shape[0] > MAX_POSITIONS:
             raise ValueError(f"an n-gram index holds at most {MAX_POSITIONS:,} tokens")
-        # The slot's stream and table, as propose_slot takes them (new arrays where they grew).
-        self._arrays = extend_slot(self._slot, tokens, *self._table.arrays(), self._table.knob_values)
+        # The slot's stream and table (new arrays where they grew).
+        self._arrays = extend_slot(self._slot, tokens, *self._arrays, *self._table.arrays(), self._table.knob_values)
 
     @property
     def cursor(self) -> int:
@@ -135,7 +137,7 @@ class SpeculationSession:
     @property
     def edits(self) -> dict[tuple, tuple]:
         """The learned edits, oldest first: replaced tokens -> what the output wrote instead."""
-        t, sizes, stamps = (a[self._slot] for a in self._table.arrays()[7:10])
+        t, sizes, stamps = (a[self._slot] for a in self._table.arrays()[6:9])
         return {tuple(t[e, 0, : sizes[e, 0]].tolist()): tuple(t[e, 1, : sizes[e, 1]].tolist())
                 for e in np.argsort(stamps) if stamps[e]}
 

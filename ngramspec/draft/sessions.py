@@ -3,11 +3,13 @@ compiled calls that extend a slot with the tokens the target emitted and draft i
 tokens. vLLM's proposer drafts all rows of an engine step in one call (:func:`draft_rows`);
 a transformers request is one slot (:class:`~ngramspec.draft.session.SpeculationSession`).
 
-A slot holds its token stream and n-gram table (:mod:`ngramspec.draft.index`'s arrays, one per
-slot in a typed list, grown inside the kernel), a row of ``state`` (lengths, copy cursor, the
-pending draft), of ``evidence`` (accepted and rejected draft positions per match-length bucket,
-:mod:`ngramspec.draft.acceptance`; ``pool`` the same over every slot), of ``branches`` (where the
-pending draft's candidates copy from) and of the learned edits (:mod:`ngramspec.draft.edits`).
+A slot holds its token stream and n-gram table (:mod:`ngramspec.draft.index`'s arrays: one
+``(stream, table)`` pair per slot in the typed list ``indexes``, grown inside the kernel; a
+read of a typed list's item costs ~50 ns, so a row reads its pair once a step), a row of
+``state`` (lengths, copy cursor, the pending draft), of ``evidence`` (accepted and rejected
+draft positions per match-length bucket, :mod:`ngramspec.draft.acceptance`; ``pool`` the same
+over every slot), of ``branches`` (where the pending draft's candidates copy from) and of the
+learned edits (:mod:`ngramspec.draft.edits`).
 
 A draft copies from the first of its candidates (copy cursor, index, fuzzy re-alignment,
 history: :mod:`ngramspec.draft.candidates`). A copy from the prompt applies the request's
@@ -50,6 +52,7 @@ from .tree import add_branch, tree_budget
 LENGTH, USED, PROMPT, CURSOR, LOST_AT, LOST_SOURCE, PENDING, PENDING_LEN, PENDING_MATCH, PENDING_SOURCE, \
     BRANCHES, PENDING_EDIT, PENDING_EDIT_AT, EDIT_BREAK, EDIT_CLOCK, VERIFIED, ACTIVE, FINISHED, STAMP = range(19)
 COLUMNS = 19
+INDEX = types.Tuple((types.int32[::1], types.uint64[::1]))  # a slot's (stream, n-gram table)
 FRESH = np.array([0, 0, 0, -1, -1, -1, 0, 0, 0, 0, 0, -1, -1, -1, 0, 0, 0, 0, -1], dtype=np.int64)
 
 # The config's drafting switches as the kernels read them (SessionTable.knobs builds it). They
@@ -71,21 +74,20 @@ def read_knobs(v):
 # than a call passing ~20 arrays each, ~8-10% of a usual step at 16-64 rows; compiling the
 # proposer from a clean cache took 17.7 s against 17.2. A transformers process calls them alone.
 @njit(cache=True, inline="always")
-def extend_slot(s, new, streams, tables, state, evidence, pool, pending, branches, edit_tokens, edit_sizes,
+def extend_slot(s, new, stream, table, indexes, state, evidence, pool, pending, branches, edit_tokens, edit_sizes,
                 edit_stamps, knob_values):
-    """Slot s takes the tokens the target emitted (``new``, int32), its pending draft having had
+    """Slot s (its ``stream`` and ``table``, as ``indexes[s]`` holds them) takes the tokens the
+    target emitted (``new``, int32), its pending draft having had
     ``state[s, VERIFIED]`` tokens verified (-1: all): it learns how much of that draft the target
     kept, appends ``new`` and moves its copy cursor; learns an edit where a copy from the prompt
     resumed. The knobs come packed (:func:`read_knobs`). Returns the slot's stream and table
-    (new arrays where they grew), which :func:`propose_slot` takes: reading a typed list's item
-    costs ~50 ns, a tenth of a row's drafting.
+    (new arrays where they grew, stored in ``indexes`` too), which :func:`propose_slot` takes.
 
     One compiled entry point, not a wrapper over an inner kernel: Numba optimises and emits
     every compiled function's callees again inside it, so each level of calls adds to what a
     fresh install compiles."""
     knobs = read_knobs(knob_values)
     count = new.shape[0]
-    stream, table = streams[s], tables[s]
     sources = 0
     if state[s, PENDING]:
         source, match, drafted = state[s, PENDING_SOURCE], state[s, PENDING_MATCH], state[s, PENDING_LEN]
@@ -108,10 +110,8 @@ def extend_slot(s, new, streams, tables, state, evidence, pool, pending, branche
     old = state[s, LENGTH]
     sizes = stream.shape[0], table.shape[0]
     stream, table, used = index_extend(stream, table, old, state[s, USED], new, knobs.min_n, knobs.max_n)
-    if stream.shape[0] != sizes[0]:  # new arrays where they grew (a typed list's store costs ~80 ns)
-        streams[s] = stream
-    if table.shape[0] != sizes[1]:
-        tables[s] = table
+    if stream.shape[0] != sizes[0] or table.shape[0] != sizes[1]:  # new arrays where they grew
+        indexes[s] = (stream, table)
     state[s, USED], state[s, LENGTH] = used, old + count
     lost_at = state[s, LOST_AT]
     if knobs.edit_recurrence and sources and count >= 2 and lost_at != state[s, EDIT_BREAK]:
@@ -218,36 +218,56 @@ def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, str
     return total, chain, total > chain, first_match, start
 
 
+@njit(cache=True, inline="always")
+def row_buffers(drafts, edit_tokens, knob_values):
+    """The work arrays :func:`draft_row` takes, allocated once per step (not once per row):
+    (out, scratch, found, no_costs, no_parents)."""
+    width = drafts.shape[1] + edit_tokens.shape[3]
+    knobs = read_knobs(knob_values)
+    found = np.empty((found_rows(knobs.min_n, knobs.max_n), 4), dtype=np.int64)  # the candidates' work
+    return (np.zeros(width, dtype=np.int32), np.zeros(width, dtype=np.int32), found, np.zeros(1),
+            np.zeros(1, dtype=np.int32))
+
+
+@njit(cache=True, inline="always")  # a body, not a call, in every row of a step
+def draft_row(text, s, limit, stream, table, indexes, state, evidence, pool, pending, branches, edit_tokens,
+              edit_sizes, edit_stamps, history, history_slots, history_length, knob_values, buffers, draft,
+              acceptance):
+    """One row of a step: slot s (``stream``, ``table``: ``indexes[s]``) learns from its pending
+    draft, appends ``text[state[s, LENGTH]:]`` (``text``: the row's whole text, int32) and drafts
+    a chain of up to ``limit`` tokens, unsized, into ``draft`` (each position's acceptance
+    estimate in ``acceptance``). ``buffers``: :func:`row_buffers`. Returns its length."""
+    out, scratch, found, no_costs, no_parents = buffers
+    seen = state[s, LENGTH]
+    if seen < text.shape[0]:
+        stream, table = extend_slot(s, text[seen:], stream, table, indexes, state, evidence, pool, pending,
+                                    branches, edit_tokens, edit_sizes, edit_stamps, knob_values)
+    length = propose_slot(s, limit, 1, False, False, no_costs, no_costs, stream, table, state, evidence, pool,
+                          pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots,
+                          history_length, knob_values, out, no_parents, acceptance, scratch, scratch, found)[0]
+    for i in range(length):
+        draft[i] = out[i]
+    return length
+
+
 @njit(cache=True)
-def draft_rows(token_ids, rows, ends, slots, limits, streams, tables, state, evidence, pool, pending, branches,
+def draft_rows(token_ids, rows, ends, slots, limits, indexes, state, evidence, pool, pending, branches,
                edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length, knob_values, drafts,
                lengths, acceptance):
-    """For each row r: slot ``slots[r]`` learns from its pending draft, appends
-    ``token_ids[rows[r], state[LENGTH]:ends[r]]`` and drafts a chain of up to ``limits[r]``
-    tokens, unsized, into ``drafts[r]`` (``lengths[r]`` of them, each position's acceptance
-    estimate in ``acceptance[r]``): the rows of one vLLM engine step.
+    """For each row r, :func:`draft_row`: slot ``slots[r]`` learns from its pending draft,
+    appends ``token_ids[rows[r], state[LENGTH]:ends[r]]`` and drafts a chain of up to
+    ``limits[r]`` tokens, unsized, into ``drafts[r]`` (``lengths[r]`` of them, each position's
+    acceptance estimate in ``acceptance[r]``): the rows of one engine step.
 
     token_ids (R, L) int32: every row's text, as vLLM keeps it; rows, ends, slots, limits (A,)
     int64; drafts (A, K >= limits.max()) int32, lengths (A,) int64, acceptance (A, K) float64."""
-    width = drafts.shape[1] + edit_tokens.shape[3]
-    out, scratch = np.zeros(width, dtype=np.int32), np.zeros(width, dtype=np.int32)
-    knobs = read_knobs(knob_values)
-    found = np.empty((found_rows(knobs.min_n, knobs.max_n), 4), dtype=np.int64)  # the candidates' work
-    no_costs, no_parents = np.zeros(1), np.zeros(1, dtype=np.int32)
+    buffers = row_buffers(drafts, edit_tokens, knob_values)
     for r in range(rows.shape[0]):
         s = slots[r]
-        seen = state[s, LENGTH]
-        if seen < ends[r]:
-            stream, table = extend_slot(s, token_ids[rows[r], seen : ends[r]], streams, tables, state, evidence,
-                                        pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, knob_values)
-        else:
-            stream, table = streams[s], tables[s]
-        lengths[r] = propose_slot(s, limits[r], 1, False, False, no_costs, no_costs, stream, table, state,
-                                  evidence, pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history,
-                                  history_slots, history_length, knob_values, out, no_parents, acceptance[r],
-                                  scratch, scratch, found)[0]
-        for i in range(lengths[r]):
-            drafts[r, i] = out[i]
+        stream, table = indexes[s]
+        lengths[r] = draft_row(token_ids[rows[r], : ends[r]], s, limits[r], stream, table, indexes, state,
+                               evidence, pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history,
+                               history_slots, history_length, knob_values, buffers, drafts[r], acceptance[r])
 
 
 class SessionTable:
@@ -265,8 +285,7 @@ class SessionTable:
                            float(t.request_weight), float(t.pool_prior_weight), float(t.pool_window))
         self.knob_values = np.array(self.knobs, dtype=np.float64)  # as compiled calls take them
         self.pool = new_evidence() if pool is None else pool  # (3, SOURCES * BUCKETS), shared by every slot
-        self.streams = List.empty_list(types.int32[::1])
-        self.tables = List.empty_list(types.uint64[::1])
+        self.indexes = List.empty_list(INDEX)  # each slot's (stream, table)
         self.state = np.zeros((0, COLUMNS), dtype=np.int64)
         self.evidence = np.zeros((0,) + self.pool.shape)
         self.pending = np.zeros((0, config.max_draft_tokens), dtype=np.int32)
@@ -283,14 +302,14 @@ class SessionTable:
         self.branches = np.concatenate([self.branches, np.zeros((added, self.branches.shape[1]), np.int64)])
         self.edit_tokens, self.edit_sizes, self.edit_stamps = (
             np.concatenate([old, fresh])
-            for old, fresh in zip(self.arrays()[7:10], new_edits(added, self.config.draft_tuning)))
-        _append_slots(self.streams, self.tables, added)
+            for old, fresh in zip(self.arrays()[6:9], new_edits(added, self.config.draft_tuning)))
+        _append_slots(self.indexes, added)
         self.free.extend(range(slots - 1, slots - added - 1, -1))  # lowest slot first
 
     def arrays(self) -> tuple:
-        """The slots' arrays in the order the kernels take them: streams, tables, state, evidence,
-        pool, pending, branches, edit_tokens, edit_sizes, edit_stamps."""
-        return (self.streams, self.tables, self.state, self.evidence, self.pool, self.pending, self.branches,
+        """The slots' arrays in the order the kernels take them: indexes, state, evidence, pool,
+        pending, branches, edit_tokens, edit_sizes, edit_stamps."""
+        return (self.indexes, self.state, self.evidence, self.pool, self.pending, self.branches,
                 self.edit_tokens, self.edit_sizes, self.edit_stamps)
 
     def new(self, prompt_length: int, capacity: int = 0) -> int:
@@ -301,7 +320,7 @@ class SessionTable:
             self._grow(2 * self.state.shape[0])
         s = self.free.pop()
         if capacity > max(prompt_length, 16):
-            _size_slot(self.streams, self.tables, s, capacity,
+            _size_slot(self.indexes, s, capacity,
                        table_size(capacity * (self.config.max_n - self.config.min_n + 1)))
         self.state[s] = FRESH
         self.state[s, PROMPT] = prompt_length
@@ -311,18 +330,18 @@ class SessionTable:
 
     def release(self, s: int) -> None:
         """Forget slot s (its arrays shrink back, so an evicted request frees its memory)."""
-        _reset_slot(self.streams, self.tables, s)
+        _reset_slot(self.indexes, s)
         self.state[s] = FRESH
         self.free.append(s)
 
     def tokens(self, s: int) -> np.ndarray:
         """Slot s's stream so far (a view)."""
-        return _stream(self.streams, s)[: self.state[s, LENGTH]]
+        return _stream(self.indexes, s)[: self.state[s, LENGTH]]
 
     def finish(self, s: int) -> None:
         """The request left: its output joins the history once."""
         if self.history is not None and not self.state[s, FINISHED] and self.state[s, LENGTH] > self.state[s, PROMPT]:
-            self.history.add(_stream(self.streams, s)[self.state[s, PROMPT] : self.state[s, LENGTH]])
+            self.history.add(_stream(self.indexes, s)[self.state[s, PROMPT] : self.state[s, LENGTH]])
         self.state[s, FINISHED] = 1
 
     def history_arrays(self) -> tuple[np.ndarray, np.ndarray, int]:
@@ -350,26 +369,30 @@ class SessionTable:
 # own Python accessors compile anew in every process (~0.2 s each, mid-serving the first time a
 # request leaves), where these load from Numba's cache.
 @njit(cache=True)
-def _append_slots(streams, tables, count):
+def _append_slots(indexes, count):
     for _ in range(count):
-        streams.append(np.zeros(16, dtype=np.int32))
-        tables.append(np.zeros(16, dtype=np.uint64))
+        indexes.append((np.zeros(16, dtype=np.int32), np.zeros(16, dtype=np.uint64)))
 
 
 @njit(cache=True)
-def _reset_slot(streams, tables, s):
-    _size_slot(streams, tables, s, 16, 16)
+def _reset_slot(indexes, s):
+    _size_slot(indexes, s, 16, 16)
 
 
 @njit(cache=True)
-def _size_slot(streams, tables, s, tokens, table_slots):
-    streams[s] = np.zeros(tokens, dtype=np.int32)
-    tables[s] = np.zeros(table_slots, dtype=np.uint64)
+def _size_slot(indexes, s, tokens, table_slots):
+    indexes[s] = (np.zeros(tokens, dtype=np.int32), np.zeros(table_slots, dtype=np.uint64))
 
 
 @njit(cache=True)
-def _stream(streams, s):
-    return streams[s]
+def _stream(indexes, s):
+    return indexes[s][0]
+
+
+@njit(cache=True)
+def slot_index(indexes, s):
+    """Slot s's (stream, table), as :func:`extend_slot` and :func:`propose_slot` take them."""
+    return indexes[s]
 
 
 _NO_HISTORY = np.zeros(1, dtype=np.int32)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..draft.sessions import ACTIVE, LENGTH, STAMP, VERIFIED, draft_rows
+from ..draft.sessions import ACTIVE, LENGTH, STAMP, VERIFIED, draft_row, row_buffers
 from ..draft.sizing import flattened_lengths
 from .rows import PROBES, draw_probes, spot_check
 
@@ -15,8 +15,8 @@ ROWS, SLOTS, LIMITS, LENGTHS, OFFSETS = range(5)  # rows of propose_rows' work a
 
 
 @njit(cache=True)
-def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, streams, tables, state, evidence,
-                 pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
+def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, indexes, state, evidence, pool,
+                 pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
                  knob_values, settings, step_costs, work, drafts, acceptance, kept):
     """One engine step's drafting, all rows in one call. Returns (live, matched, continued,
     context): the decoding rows (``rows[:live]``), whether every one held its slot, how many
@@ -25,9 +25,10 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
     token_ids (>= R, L) int32 and ends (>= R,) int32: row i's text is ``token_ids[i, :ends[i]]``;
     sampled (R,) int64: > 0 where row i emitted tokens this step (0: still prefilling). row_slots: row
     -> slot (-1: none). With ``check``, each decoding row must hold the slot it had (spot
-    checks) and there must be ``expected`` of them, else nothing changes and matched is False
-    (the caller matches rows to slots and calls again without ``check``). Then every row
-    extends and drafts (:func:`ngramspec.draft.sessions.draft_rows`), all drafts are sized together
+    checks) and there must be ``expected`` of them, else matched is False (the caller matches
+    rows to slots and calls again without ``check``; rows before the first that failed have
+    already extended, which that call finds done). Then every row extends and drafts
+    (:func:`ngramspec.draft.sessions.draft_row`), all drafts are sized together
     (:func:`ngramspec.draft.sizing.draft_lengths`, flattened; step_costs[m] prices a step over the
     rows' last tokens and m draft tokens) and the slots note what the next step verifies.
     ``stamp`` marks the slots' STAMP. The slots' arrays and ``knob_values`` are the
@@ -47,37 +48,40 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, st
             live += 1
             total += ends[i]
     context = total // max(live, 1)
-    # 2. Each row's slot: the one it had, if it still holds it (or as the caller matched).
     if check and live != expected:
         return live, False, 0, context
+    # 2. Each row: its slot (the one it had, if the spot checks say it still holds it; or as
+    #    the caller matched), then it extends with its new tokens and drafts, unsized. A row
+    #    reads its slot's (stream, table) once: ~50 ns a read.
     probes = np.empty(PROBES)  # each row's random probe positions (one buffer: an allocation per row costs)
+    buffers = row_buffers(drafts, edit_tokens, knob_values)
+    continued = 0
     for r in range(live):
         i = rows[r]
         s = row_slots[i] if i < row_slots.shape[0] else -1
-        if check and s >= 0:
-            draw_probes(stamp, s, probes)
-        if check and (s < 0 or not spot_check(streams[s], token_ids[i, : ends[i]], state[s, LENGTH], probes)):
-            return live, False, 0, context
         if s < 0:
+            if check:
+                return live, False, 0, context
             raise ValueError("a decoding row has no slot")  # the caller matches every row first
+        stream, table = indexes[s]
+        text = token_ids[i, : ends[i]]
+        if check:
+            draw_probes(stamp, s, probes)
+            if not spot_check(stream, text, state[s, LENGTH], probes):
+                return live, False, 0, context
         slots[r] = s
-    continued = 0
-    for r in range(live):
-        continued += state[slots[r], ACTIVE]  # its last draft was verified unless it was idle
-        state[slots[r], STAMP] = stamp
-    # 3. Every row extends its slot with its new tokens and drafts, unsized.
-    row_ends = ends[rows[:live]].astype(np.int64)
-    for r in range(live):
-        limits[r] = max(min(max_draft, max_model_len - row_ends[r] - 1, drafts.shape[1]), 0)
-    draft_rows(token_ids, rows[:live], row_ends, slots[:live], limits[:live], streams, tables, state, evidence,
-               pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
-               knob_values, drafts, lengths, acceptance)
-    # 4. One length per row, for all rows together (the step's total token count).
+        continued += state[s, ACTIVE]  # its last draft was verified unless it was idle
+        state[s, STAMP] = stamp
+        limits[r] = max(min(max_draft, max_model_len - np.int64(ends[i]) - 1, drafts.shape[1]), 0)
+        lengths[r] = draft_row(text, s, limits[r], stream, table, indexes, state, evidence, pool, pending, branches,
+                               edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
+                               knob_values, buffers, drafts[r], acceptance[r])
+    # 3. One length per row, for all rows together (the step's total token count).
     if payoff and lengths[:live].sum() >= step_costs.shape[0]:
         raise ValueError("step_costs must price every total the drafts could add")
     if payoff:
         lengths[:live] = flattened_lengths(acceptance[:live], lengths[:live], step_costs)[0]
-    # 5. The next step verifies these; the sized drafts one after another, in row order.
+    # 4. The next step verifies these; the sized drafts one after another, in row order.
     offsets = work[OFFSETS]
     at, r = 0, 0
     for i in range(sampled.shape[0]):

@@ -60,7 +60,7 @@ class RowSessions:
         #    compiled call for all rows (-1: none, a new request).
         candidates = np.concatenate([self.active, np.fromiter(self.idle, dtype=np.int64, count=len(self.idle))])
         had, slots = np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
-        match_rows(token_ids, rows, ends, self.rows, candidates, self.table.streams, self.table.state, self.steps,
+        match_rows(token_ids, rows, ends, self.rows, candidates, self.table.indexes, self.table.state, self.steps,
                    had, slots)
         # 2. New requests index their whole text in their first extend; a preempted one is back.
         for r in np.flatnonzero((slots != had) | (slots < 0)).tolist():
@@ -100,7 +100,7 @@ class RowSessions:
 
 
 @njit(cache=True)
-def match_rows(token_ids, rows, ends, row_slots, candidates, streams, state, stamp, had, slots):
+def match_rows(token_ids, rows, ends, row_slots, candidates, indexes, state, stamp, had, slots):
     """Each decoding row r's slot (``rows`` (A,) into ``token_ids``, its text ``token_ids[rows[r],
     :ends[r]]``): the slot it had (``row_slots[rows[r]]``, -1: none; written to ``had[r]``) where
     the spot checks pass, else the first of ``candidates`` whose text it continues and no other
@@ -114,13 +114,13 @@ def match_rows(token_ids, rows, ends, row_slots, candidates, streams, state, sta
         had[r], slots[r] = s, -1
         if s >= 0 and not taken[s]:  # (a slot is one request's: never two rows')
             draw_probes(stamp, s, probes)
-            if spot_check(streams[s], token_ids[i, : ends[r]], state[s, LENGTH], probes):
+            if spot_check(indexes[s][0], token_ids[i, : ends[r]], state[s, LENGTH], probes):
                 slots[r] = s
                 taken[s] = True
     for r in range(rows.shape[0]):  # after every kept slot is taken: a moved row never takes one
         if slots[r] < 0:
             draw_probes(stamp, state.shape[0] + r, probes)  # a stream of its own
-            s = find_slot(token_ids[rows[r], : ends[r]], candidates, had[r], taken, streams, state, probes)
+            s = find_slot(token_ids[rows[r], : ends[r]], candidates, had[r], taken, indexes, state, probes)
             if s >= 0:
                 slots[r] = s
                 taken[s] = True
@@ -138,7 +138,7 @@ def draw_probes(stamp, seed, out):
 
 
 @njit(cache=True)
-def find_slot(row, candidates, excluded, taken, streams, state, uniforms):
+def find_slot(row, candidates, excluded, taken, indexes, state, uniforms):
     """The first slot of ``candidates`` whose text ``row`` continues (:func:`spot_check`, and
     the same first HEAD tokens, as many of them), skipping ``excluded`` (the slot the row just
     failed its check against: it would fail again) and slots marked in ``taken``; -1 if none.
@@ -146,7 +146,7 @@ def find_slot(row, candidates, excluded, taken, streams, state, uniforms):
     head = min(HEAD, row.shape[0])
     for s in candidates:
         if s != excluded and not taken[s] and min(HEAD, state[s, LENGTH]) == head \
-                and spot_check(streams[s], row, state[s, LENGTH], uniforms):
+                and spot_check(indexes[s][0], row, state[s, LENGTH], uniforms):
             return s
     return -1
 
