@@ -9,8 +9,9 @@ continuation and the current suffix never matches itself. Appending one token th
 inserts the ``max_n - min_n + 1`` n-grams that end just before it: O(max_n) hashing plus
 O(max_n) token comparisons per probe (none once a shorter one proved new: a longer one cannot
 be stored either), independent of how long the text already is (the table
-grows 1.5x past 70% load, an amortised O(1)). A query hashes the suffixes ending at the last
-token and probes from the longest down: O(max_n^2), also independent of the text length.
+grows 1.5x past 70% load, an amortised O(1)). A query probes the suffixes ending at the last
+token from the shortest up and stops at the first that never occurred (nor did any longer one):
+O(max_n^2), also independent of the text length.
 
 Memory: one 8-byte slot per stored n-gram at up to 70% load, plus 4 bytes per token. Random
 text, the worst case, stores nearly every n-gram: with min_n=1, max_n=6 that is 73 bytes per
@@ -26,7 +27,8 @@ Worked example, min_n=1, max_n=3, tokens ``[5 6 7 5 6]`` (positions 0..4)::
 
     stored (n-gram -> end positions):  (5)->0,3  (6)->1  (7)->2  (5 6)->1  (6 7)->2
                                        (7 5)->3  (5 6 7)->2  (6 7 5)->3
-    query: suffix (7 5 6)? absent.  (5 6)? ends at 1 -> continuation starts at 2: [7 5 6]
+    query: suffix (6)? ends at 1.  (5 6)? ends at 1.  (7 5 6)? absent: stop.
+           the longest, (5 6), ended at 1 -> continuation starts at 2: [7 5 6]
     result: match_len=2, start=2 (the latest and the earliest occurrence agree here)
 
 Kernels are pure functions over int32/int64 arrays, compiled with ``cache=True`` so a new
@@ -228,16 +230,26 @@ def index_find(tokens, key, min_n, max_n, prefer_recent, slots):
     earliest where the latest is chosen, and the reverse; ``start`` itself where the n-gram
     occurred once); ``(0, -1, -1)`` when none did. ``key`` may be the stream itself (see
     :func:`index_longest_match`) or another request's text (a shared history answers such
-    queries in O(max_n^2), whatever its size)."""
-    top = min(max_n, key.shape[0])
-    hashes = _suffix_hashes(key, top)
-    for n in range(top, min_n - 1, -1):
-        slot = _probe(tokens, key, n, hashes[n], slots)
-        if slot != EMPTY:
-            if prefer_recent:
-                return n, _last(slot) + 1, _first(slot) + 1
-            return n, _first(slot) + 1, _last(slot) + 1
-    return 0, -1, -1
+    queries in O(max_n^2), whatever its size).
+
+    The suffixes are probed from the shortest up, each hash extending the last, and the first
+    that never occurred ends the search: a longer suffix contains it, so it never occurred
+    either (and no hash array is allocated)."""
+    last = key.shape[0] - 1
+    h, best, best_n = np.uint64(0), EMPTY, 0
+    for n in range(1, min(max_n, key.shape[0]) + 1):
+        h = _mix(h, key[last - n + 1])
+        if n < min_n:
+            continue
+        slot = _probe(tokens, key, n, h, slots)
+        if slot == EMPTY:
+            break
+        best, best_n = slot, n
+    if best_n == 0:
+        return 0, -1, -1
+    if prefer_recent:
+        return best_n, _last(best) + 1, _first(best) + 1
+    return best_n, _first(best) + 1, _last(best) + 1
 
 
 @njit(cache=True)
