@@ -99,6 +99,27 @@ def test_kernel_matches_its_reference(rows, costs, padded):
         assert got.tolist() == want.tolist()
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12), st.floats(0.0, 1.0), st.floats(0.0, 0.3),
+       st.sampled_from([0.7, 1.0, 1.5]), st.integers(1, 96), st.floats(-0.5, 2.0))
+def test_many_rows_under_engine_like_costs_size_as_the_reference(seed, rows, lowest, slope, power, step, jump):
+    """Many rows and a step cost shaped like an engine's (rising as a power of the tokens, with
+    a jump or a dip at some total, as a learned one may have): the kernel sizes as the
+    reference does."""
+    rng = np.random.default_rng(seed)
+    acceptance = rng.uniform(lowest, 1.0, (rows, 8))
+    limits = rng.integers(0, 9, rows).astype(np.int64)
+    m = np.arange(int(limits.sum()) + 1, dtype=np.float64)
+    step_costs = 1.0 + slope * m**power + jump * (m >= step)
+    step_costs = np.maximum(step_costs, 0.2)
+    got, got_value = draft_lengths(acceptance, limits, step_costs, False)
+    want, want_value = draft_lengths_reference(acceptance, limits, step_costs, False)
+    assert got_value == pytest.approx(want_value, rel=1e-12)
+    values = sorted((v for _, v in candidates_reference(acceptance, limits, step_costs, False)), reverse=True)
+    if len(values) < 2 or values[0] - values[1] > 1e-9 * values[0]:
+        assert got.tolist() == want.tolist()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(0.0, 1.0), max_size=200), st.integers(1, 16))
 def test_the_gain_order_is_a_stable_sort(acceptance, positions):
