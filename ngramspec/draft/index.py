@@ -67,9 +67,20 @@ def _mix(h, token):
 
 
 @njit(cache=True, inline="always")
-def _home(h, size):
-    # The slot a hash starts probing at: the top 32 bits scaled to [0, size) (any table size).
-    return np.int64(((h >> np.uint64(32)) * np.uint64(size)) >> np.uint64(32))
+def _grow_key(key, token):
+    # An n-gram's key from the key of its last n - 1 tokens and the token before them: one
+    # multiply-add, where a full mix per token would make a chain of n mixes (the index's
+    # inner loop waits on it); _home spreads each key on its own.
+    return key * np.uint64(0x9E3779B97F4A7C15) + np.uint64(token) + np.uint64(1)
+
+
+@njit(cache=True, inline="always")
+def _home(key, size):
+    # The slot a key starts probing at: the key spread (a multiply and two xor-shifts), its top
+    # 32 bits scaled to [0, size) (any table size).
+    z = (key ^ (key >> np.uint64(29))) * np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(32)
+    return np.int64(((z >> np.uint64(32)) * np.uint64(size)) >> np.uint64(32))
 
 
 @njit(cache=True, inline="always")
@@ -150,7 +161,7 @@ def index_append(tokens, length, new_tokens, min_n, max_n, slots):
             start = end - n + 1
             if start < 0:
                 break
-            h = _mix(h, tokens[start])
+            h = _grow_key(h, tokens[start])
             if n < min_n:
                 continue
             if absent:  # its probe would compare tokens all the way to an empty slot
@@ -201,7 +212,7 @@ def _suffix_hashes(key, top):
     hashes = np.empty(top + 1, dtype=np.uint64)
     h = np.uint64(0)
     for n in range(1, top + 1):
-        h = _mix(h, key[key.shape[0] - n])
+        h = _grow_key(h, key[key.shape[0] - n])
         hashes[n] = h
     return hashes
 
@@ -238,7 +249,7 @@ def index_find(tokens, key, min_n, max_n, prefer_recent, slots):
     last = key.shape[0] - 1
     h, best, best_n = np.uint64(0), EMPTY, 0
     for n in range(1, min(max_n, key.shape[0]) + 1):
-        h = _mix(h, key[last - n + 1])
+        h = _grow_key(h, key[last - n + 1])
         if n < min_n:
             continue
         slot = _probe(tokens, key, n, h, slots)
@@ -297,7 +308,7 @@ def index_rehash(tokens, slots, new_slots):
         n, end = _n(slot), _last(slot)
         h = np.uint64(0)
         for k in range(n):
-            h = _mix(h, tokens[end - k])
+            h = _grow_key(h, tokens[end - k])
         i = _home(h, size)
         while new_slots[i] != EMPTY:
             i += 1
