@@ -204,11 +204,12 @@ def test_finishing_a_session_twice_adds_its_output_to_history_once():
 
 def test_history_stays_within_its_bound_under_eviction():
     """Many outputs, some longer than the whole store: the stored tokens never exceed
-    history_tokens, the arrays never grow past what was allocated at the start, the newest
+    history_tokens, the arrays are the ones allocated at the start, the newest
     output is always found, and the first one, long evicted, no longer is."""
     capacity = 2_000
     spec = NgramSpeculator(min_n=2, max_n=4, history_tokens=capacity)
     allocated = spec.history.index.nbytes
+    arrays = spec.history.index.tokens.ctypes.data, spec.history.index.slots.ctypes.data
     rng = np.random.default_rng(0)
     outputs = [rng.integers(10, 30_000, size=int(size)) for size in rng.integers(50, 3 * capacity, size=60)]
     for output in outputs:
@@ -219,6 +220,8 @@ def test_history_stays_within_its_bound_under_eviction():
         # [..., output, separator]: the 4-gram ending at output[-31] continues at length - 31
         assert spec.history.find(output[-40:-30]) == (4, spec.history.index.length - 31)
     assert spec.history.find(outputs[0][:4]) == (0, -1)
+    # Evictions refill the same arrays: their pages were mapped once, at the start.
+    assert (spec.history.index.tokens.ctypes.data, spec.history.index.slots.ctypes.data) == arrays
     tiny = NgramSpeculator(min_n=1, max_n=2, history_tokens=1)  # room for a separator only
     for output in outputs[:3]:
         tiny.history.add(output)

@@ -68,9 +68,8 @@ def _mix(h, token):
 
 @njit(cache=True, inline="always")
 def _grow_key(key, token):
-    # An n-gram's key from the key of its last n - 1 tokens and the token before them: one
-    # multiply-add, where a full mix per token would make a chain of n mixes (the index's
-    # inner loop waits on it); _home spreads each key on its own.
+    # An n-gram's key from its last n - 1 tokens' key and the token before them: one multiply-add,
+    # not a chain of n mixes for the index's loops to wait on; _home spreads each key on its own.
     return key * np.uint64(0x9E3779B97F4A7C15) + np.uint64(token) + np.uint64(1)
 
 
@@ -341,6 +340,11 @@ class NgramIndex:
         self.tokens, self.slots, self._used = index_extend(self.tokens, self.slots, self.length, self._used,
                                                            new_tokens, self.min_n, self.max_n)
         self.length += count
+
+    def clear(self) -> None:
+        """Forget every token, keeping the arrays (their memory already mapped)."""
+        self.slots.fill(0)
+        self.length = self._used = 0
 
     @property
     def nbytes(self) -> int:
