@@ -104,7 +104,7 @@ def candidates(wanted, stream, length, table, cursor, lost_at, lost_source, hist
     return unique
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # a body, not a call passing 12 arrays, in every row of a step
 def continuation(start, own, limit, stream, length, prompt_length, history, edit_tokens, edit_sizes, edit_stamps,
                  out, scratch):
     """Up to ``limit`` tokens copied from ``start`` (of ``stream[:length]`` where ``own``, else

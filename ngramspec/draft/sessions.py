@@ -183,9 +183,8 @@ def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, str
     if count == 0:
         return 0, 0, False, 0, -1
     start, first_match, own, contested = found[0, 0], found[0, 1], found[0, 2], found[0, 3]
-    edits = edit_tokens[s], edit_sizes[s], edit_stamps[s]
-    drafted, edit, edit_at = continuation(start, own, limit, stream, length, prompt_length, history, *edits, out,
-                                          scratch)
+    drafted, edit, edit_at = continuation(start, own, limit, stream, length, prompt_length, history, edit_tokens[s],
+                                          edit_sizes[s], edit_stamps[s], out, scratch)
     match = match_length(stream, length, start) if own else first_match
     source = HISTORY if not own else CONTESTED if contested else OWN
     position_acceptance(evidence[s], pool, knobs.prior, source, match, estimates[:drafted], knobs.request_weight,
@@ -201,8 +200,8 @@ def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, str
         for i in range(chain):
             parents[i] = i - 1
         for c in range(1, count):
-            n, _, _ = continuation(found[c, 0], found[c, 2], limit, stream, length, prompt_length, history, *edits,
-                                   branch, scratch)
+            n, _, _ = continuation(found[c, 0], found[c, 2], limit, stream, length, prompt_length, history,
+                                   edit_tokens[s], edit_sizes[s], edit_stamps[s], branch, scratch)
             total = add_branch(out, parents, total, branch[:n], budget)
     for i in range(chain):  # element copies: a slice assignment compiles a shape-check path (~1 s)
         pending[s, i] = out[i]
