@@ -1,7 +1,8 @@
 """The drafting engine: every request's drafting state in arrays, one *slot* per request, and
 compiled calls that extend a slot with the tokens the target emitted and draft its next
-tokens. vLLM's proposer drafts all rows of an engine step in one call (:func:`draft_rows`);
-a transformers request is one slot (:class:`~ngramspec.draft.session.SpeculationSession`).
+tokens. vLLM's proposer drafts all rows of an engine step in one call (:func:`draft_row` for
+each, as :func:`draft_rows` runs it); a transformers request is one slot
+(:class:`~ngramspec.draft.session.SpeculationSession`).
 
 A slot holds its token stream and n-gram table (:mod:`ngramspec.draft.index`'s arrays: one
 ``(stream, table)`` pair per slot in the typed list ``indexes``, grown inside the kernel; a
@@ -70,7 +71,7 @@ def read_knobs(v):
                  int(v[10]), int(v[11]), int(v[12]), v[13], v[14], v[15], v[16], v[17])
 
 
-# inline="always" (both kernels): vLLM's loop over rows (draft_rows) takes their bodies rather
+# inline="always" (both kernels): vLLM's loop over rows (draft_row) takes their bodies rather
 # than a call passing ~20 arrays each, ~8-10% of a usual step at 16-64 rows; compiling the
 # proposer from a clean cache took 17.7 s against 17.2. A transformers process calls them alone.
 @njit(cache=True, inline="always")
