@@ -8,6 +8,14 @@ ngramspec's sessions: a new request's text is indexed once; the mean also counts
 occasional refit of the step cost). vLLM's proposer runs where vLLM is installed
 (``.venv-vllm``); elsewhere only ngramspec is timed.
 
+ngramspec learns what extra draft positions cost from the time between two ``propose()``
+calls, which in an engine is the engine step. Outside an engine that gap is the harness's own
+few microseconds, the same whatever was drafted, and it would learn that positions cost
+nothing (a scale of ~0.003-0.08) and draft more than any engine would let it. So by default
+(``--engine-step-ms 10``) the proposer's clock also counts an engine step between its calls,
+priced by its own prior for the rows and draft tokens of that step: it learns the prior's
+scale (~1), as in an engine the prior describes. ``--engine-step-ms 0``: no engine time.
+
     .venv-vllm/bin/python -m eval propose-bench --rows 1,16,64,256
     .venv-vllm/bin/python -m eval propose-bench --row-tokens 1500   # rows as long as 1.5k-token documents
     .venv-vllm/bin/python -m eval propose-bench --turnover 30       # requests come and go, as on a server
@@ -45,14 +53,33 @@ def vllm_config(k: int, rows: int, min_n: int, max_n: int):
     )
 
 
+class EngineClock:
+    """A clock for ngramspec's Proposer that also counts an engine step between its calls:
+    ``plain_seconds`` times the proposer's prior for that step's rows and scheduled tokens."""
+
+    def __init__(self, proposer, plain_seconds: float):
+        self.proposer, self.plain_seconds, self.offset = proposer, plain_seconds, 0.0
+        proposer.clock = self
+
+    def __call__(self) -> float:
+        return time.perf_counter() + self.offset
+
+    def step(self, drafts: list[list[int]], context: int) -> None:
+        """The engine verifies ``drafts`` (one per row) at ``context`` tokens a row."""
+        rows = len(drafts)
+        tokens = rows + sum(map(len, drafts))
+        self.offset += self.plain_seconds * self.proposer.prior.relative(tokens, context, rows)
+
+
 def time_steps(proposers: list, texts: list[np.ndarray], steps: int, warmup: int, turnover: int = 0,
-               pool: list[np.ndarray] = ()) -> list[tuple[float, float]]:
+               pool: list[np.ndarray] = (), engine: EngineClock | None = None) -> list[tuple[float, float]]:
     """Median and mean milliseconds of each ``propose(sampled, num_tokens, token_ids)`` per step
     after ``warmup`` steps, every row advancing ADVANCE tokens per step (the mean counts the
     occasional dearer step too, e.g. a refit of the step cost). With ``turnover`` T, each row's
     request finishes every T steps (rows staggered) and a new one from ``pool`` takes the row,
     as on a server. The proposers take turns within each step (the first alternating), so a
-    slow patch of the machine falls on both alike."""
+    slow patch of the machine falls on both alike. ``engine``: the first proposer's clock,
+    which counts the engine step that verifies its drafts (outside the timed calls)."""
     rows = len(texts)
     token_ids = np.zeros((rows, MAX_MODEL_LEN), dtype=np.int32)
     lengths = np.zeros(rows, dtype=np.int32)
@@ -75,9 +102,11 @@ def time_steps(proposers: list, texts: list[np.ndarray], steps: int, warmup: int
         sampled = [token_ids[i, n - ADVANCE : n].tolist() for i, n in enumerate(lengths)]
         for which in (range(len(proposers)) if step % 2 == 0 else reversed(range(len(proposers)))):
             begun = time.perf_counter()
-            proposers[which](sampled, lengths.copy(), token_ids)
+            drafts = proposers[which](sampled, lengths.copy(), token_ids)
             if step >= warmup:
                 times[which].append(time.perf_counter() - begun)
+            if which == 0 and engine is not None:
+                engine.step(drafts, int(lengths.mean()))
     return [(1e3 * statistics.median(t), 1e3 * statistics.fmean(t)) for t in times]
 
 
@@ -107,11 +136,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--turnover", type=int, default=0,
                         help="every row's request is replaced by a new one every this many steps, rows "
                              "staggered (default 0: the same requests throughout)")
+    parser.add_argument("--engine-step-ms", type=float, default=10.0,
+                        help="a plain engine step's time that ngramspec's clock counts between its calls, each "
+                             "step priced by its prior for the drafts it verifies, so the step cost it learns is "
+                             "an engine's (default 10; 0: only the harness's own time passes between calls, "
+                             "and it learns that draft positions cost nothing)")
 
 
 def main(args) -> int:
     if not 0 <= args.turnover <= args.steps:
         raise ValueError(f"--turnover must be in [0, --steps={args.steps}]")
+    if not args.engine_step_ms >= 0:
+        raise ValueError(f"--engine-step-ms must be >= 0, got {args.engine_step_ms}")
     if args.row_tokens < 0 or args.row_tokens > MAX_MODEL_LEN:
         raise ValueError(f"--row-tokens must be in [0, {MAX_MODEL_LEN}]")
 
@@ -127,16 +163,20 @@ def main(args) -> int:
         pool = joined(pool, max(args.row_tokens, need))
     print(f"{len(pool)} traces of {need}+ tokens (mean {np.mean([t.size for t in pool]):.0f}); k={args.k}, "
           f"{ADVANCE} tokens per row per step, median and mean of {args.steps} steps (ms per engine step)"
-          + (f"; each request replaced by a new one every {args.turnover} steps" if args.turnover else ""))
+          + (f"; each request replaced by a new one every {args.turnover} steps" if args.turnover else "")
+          + (f"; an engine step of {args.engine_step_ms:g} ms (plain) priced by the prior between ngramspec's calls"
+             if args.engine_step_ms else "; no engine time between calls"))
     print("| rows | median: vLLM ngram | ngramspec | ratio | mean: vLLM ngram | ngramspec | ratio |")
     print("|---|---|---|---|---|---|---|")
     for rows in args.rows:
         texts = [pool[i % len(pool)] for i in range(rows)]
-        proposers = [Proposer(vllm_config(args.k, rows, 1, 6)).propose]
+        ours = Proposer(vllm_config(args.k, rows, 1, 6))
+        engine = EngineClock(ours, args.engine_step_ms / 1e3) if args.engine_step_ms else None
+        proposers = [ours.propose]
         if NgramProposer is not None:
             theirs = NgramProposer(vllm_config(args.k, rows, 1, 6))
             proposers.append(lambda s, n, t, theirs=theirs: theirs.propose(args.k, s, n, t))
-        ms, *peer = time_steps(proposers, texts, args.steps, args.warmup, args.turnover, pool[rows:] + pool)
+        ms, *peer = time_steps(proposers, texts, args.steps, args.warmup, args.turnover, pool[rows:] + pool, engine)
         peer = peer[0] if peer else None
         cells = []
         for at in (0, 1):  # median, mean

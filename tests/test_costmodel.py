@@ -320,6 +320,53 @@ def test_steps_crowded_at_small_drafts_do_not_make_long_drafts_look_free():
     assert 1.7 <= model.step_scale(1, 300) <= 3.0
 
 
+def test_engine_steps_join_their_windows_in_order_with_the_priors_excess():
+    """observe_step notes a step and files it when a line is next fitted: every window must
+    then hold what filing each step at once would (the prior's excess for its total, its
+    seconds), in the order they came, with row counts and contexts mixed and one of them
+    unseen until then."""
+    prior = CostPrior(((1, 500, ((1, 1.0), (9, 1.4), (25, 2.2))), (4, 500, ((4, 1.0), (40, 2.0)))))
+    model = OnlineCost(prior)
+    rng = np.random.default_rng(1)
+    want: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for _ in range(300):
+        rows, context = int(rng.choice([1, 4, 16])), int(rng.integers(64, 5000))
+        tokens, seconds = rows + int(rng.integers(0, 40)), float(rng.uniform(0.01, 0.02))
+        model.observe_step(tokens, context, rows, seconds)
+        window = (OnlineCost.bucket(64 * rows), OnlineCost.bucket(context) // 2)
+        excess = prior.relative(tokens, OnlineCost.context_of(OnlineCost.bucket(context)), rows) - 1
+        want.setdefault(window, []).append((excess, seconds))
+    assert sorted(model.step_windows()) == sorted(want)
+    for window, steps in want.items():
+        got = list(model._steps[window])
+        assert [s for _, s in got] == [s for _, s in steps[-model.tuning.step_window:]]
+        assert np.allclose([x for x, _ in got], [x for x, _ in steps[-model.tuning.step_window:]], rtol=1e-12)
+
+
+def test_step_costs_between_refits_are_what_asking_afresh_gives():
+    """An engine asks step_costs every step and gets the last answer until a refit is due, an
+    exploring step comes or its rows, positions or context half-octave change: each answer
+    must equal one computed afresh (a twin fed the same steps, its memo cleared every time),
+    through row counts, contexts, exploring steps and refits."""
+    prior = CostPrior(((1, 500, ((1, 1.0), (9, 1.4), (25, 2.2))), (4, 500, ((4, 1.0), (40, 2.0)))))
+    memo, fresh = OnlineCost(prior), OnlineCost(prior)
+    rng = np.random.default_rng(2)
+    rows, context, changed, last = 4, 300, 0, None
+    for step in range(600):
+        if rng.random() < 0.05:  # now and then other rows or a longer context
+            rows, context = int(rng.choice([1, 4, 8])), int(context * rng.uniform(0.8, 1.6)) % 6000 + 64
+        tokens = rows + int(rng.integers(0, 30))
+        seconds = 0.01 * (1 + 0.7 * (prior.relative(tokens, context, rows) - 1)) * rng.uniform(0.97, 1.03)
+        for model in (memo, fresh):
+            model.observe_step(tokens, context, rows, seconds)
+        fresh._step_memo = ((), 0, False, None)
+        got, want = memo.step_costs(rows, 8 * rows, context, step), fresh.step_costs(rows, 8 * rows, context, step)
+        assert np.array_equal(got, want), step
+        changed += last is not None and not np.array_equal(got, last)
+        last = got
+    assert memo.step_scale(4, 300) == pytest.approx(0.7, rel=0.2) and changed > 20
+
+
 def test_the_tuning_sets_how_many_timings_count():
     """CostModelTuning.min_samples: a cell's median counts from that many timings on."""
     one = OnlineCost(CostPrior(((1, 100, LOW.points),)), tuning=CostModelTuning(min_samples=1))

@@ -38,12 +38,11 @@ import threading
 from collections import deque
 from dataclasses import dataclass, fields
 from functools import lru_cache
-from itertools import chain
 
 import numpy as np
 
 from .curves import CPU_PRIOR, CostPrior
-from .fit import line_scale
+from .steps import EngineSteps
 
 
 def check_numbers(settings) -> None:
@@ -116,13 +115,14 @@ class CostModelTuning:
             raise ValueError(f"explore_scale must be in [0, 1], got {self.explore_scale}.")
 
 
-class OnlineCost:
+class OnlineCost(EngineSteps):
     """``cost(tokens, context, rows)``: one forward over ``tokens`` new tokens of ``rows`` rows
     (each with ``context`` cached tokens, on average) relative to a plain step of the same rows
     (``rows`` tokens): the prior, refined by observed forward times (module doc). A row alone:
     relative to a one-token forward. Each row count learns from its own forwards (a batch's
     plain steps are its baseline), so batched sizing is measured too, not only the prior.
-    ``tuning``: how it learns (:class:`CostModelTuning`; default: its defaults)."""
+    ``tuning``: how it learns (:class:`CostModelTuning`; default: its defaults). An engine's
+    steps, all rows together: :class:`~ngramspec.cost.steps.EngineSteps`."""
 
     def __init__(self, prior: CostPrior | None = None, learn: bool = True, tuning: CostModelTuning | None = None):
         self.prior = CPU_PRIOR if prior is None else prior
@@ -137,10 +137,7 @@ class OnlineCost:
         self._tables: dict[tuple, tuple[int, np.ndarray]] = {}
         self._scales: dict[tuple[int, int], tuple[int, float]] = {}
         self._lines: dict[tuple[int, int], tuple[int, tuple[float, float] | None]] = {}
-        self._steps: dict[tuple[int, int], deque] = {}  # engine steps: _step_key -> (x, seconds)
-        self._step_scales: dict[tuple[int, int], tuple[int, float]] = {}  # _step_key -> (at, scale)
-        self._step_tables: dict[tuple, np.ndarray] = {}  # (rows, positions, bucket, scale) -> costs
-        self.steps_observed = 0
+        self._start_steps()  # engine steps (steps.EngineSteps)
         self.observations = 0
 
     @staticmethod
@@ -312,89 +309,3 @@ class OnlineCost:
         table = np.array([self(q, context) for q in range(max_tokens + 1)])
         self._tables[key] = (self.observations, table)
         return table
-
-    # --- Engine steps (vLLM): one step over all rows' tokens, flattened --------------------
-    # A step's total rarely repeats (every row drafts its own length), so cells keyed by token
-    # count would never fill. Each timed step instead joins the window of its row count's
-    # half-octave and its context's octave as (x, seconds), x being the prior's excess cost of
-    # its total (prior - 1). Context has its own windows because the plain step's time a grows
-    # with it: one line through steps of a 300-token and a 3,000-token request (one request at
-    # a time, a few dozen steps each) would measure their difference, not the drafts' cost.
-    # A robust line through the window (Theil-Sen: the median of pairwise slopes b, then the
-    # median intercept a, the plain step's time) gives the excess scale b / a. A load that
-    # slows every step alike scales a and b alike and leaves it unchanged; the window keeps the
-    # newest steps, so a changed machine or load is learned within step_window steps. A window
-    # with no line yet borrows the nearest one's: the same context with other row counts, then
-    # the nearest contexts (up to step_context_reach octaves away). Where no line is measured
-    # yet, one step in explore_every is sized optimistically (CostModelTuning).
-
-    def observe_step(self, tokens: int, context: int, rows: int, seconds: float) -> None:
-        """One engine step over ``tokens`` scheduled tokens (every row's last token and draft)
-        of ``rows`` rows with ``context`` tokens each on average took ``seconds``."""
-        if rows <= 0 or tokens < rows or not seconds > 0 or not self.learn:
-            return
-        # The prior's excess for this total: ~0.9 us with the table read inline (an engine
-        # calls this every step).
-        bucket = self.bucket(context)
-        table = self._prior_tables.get((rows, bucket))
-        inline = table is not None and tokens < table.shape[0]
-        excess = float(table.item(tokens) if inline else self._prior(tokens, context, rows)) - 1
-        key = (self.bucket(64 * rows), bucket // 2)  # _step_key
-        with self._lock:
-            window = self._steps.get(key)
-            if window is None:
-                window = self._steps[key] = deque(maxlen=self.tuning.step_window)
-            window.append((excess, float(seconds)))
-            self.steps_observed += 1
-
-    def _step_key(self, rows: int, context: int) -> tuple[int, int]:
-        """(row count's half-octave, context's octave): the window a step joins."""
-        return self.bucket(64 * rows), self.bucket(context) // 2
-
-    def step_scale(self, rows: int, context: int = 512) -> float | None:
-        """How the measured excess cost of a step of ``rows`` rows with ``context`` tokens each compares with
-        the prior's (1: as the prior says), from its window or the nearest one that measures it; None where none
-        does. Refitted after step_refit more timed steps (an engine asks every step; a fit over a full window
-        costs ~60 us), or min_steps while none is measured in the first step_refit steps."""
-        bucket = self._step_key(rows, context)
-        cached = self._step_scales.get(bucket)
-        # Every min_steps steps while nothing is measured yet, then every step_refit (a window of steps that all
-        # drafted alike measures no slope, and refitting it every few steps would cost more than the drafting).
-        measured = cached is not None and (cached[1] is not None or self.steps_observed >= self.tuning.step_refit)
-        refit = self.tuning.step_refit if measured else self.tuning.min_steps
-        if cached is not None and self.steps_observed - cached[0] < refit:
-            return cached[1]
-        scale = None
-        reach = range(self.tuning.step_context_reach + 1)
-        for near in ((bucket[0] + r, bucket[1] + sign * c) for c in reach for sign in (1, -1)[: 1 + (c > 0)]
-                     for r in (0, -1, 1, -2, 2)):
-            with self._lock:
-                window = self._steps.get(near, ())
-                if len(window) < self.tuning.min_steps:
-                    continue
-                points = np.fromiter(chain.from_iterable(window), dtype=np.float64, count=2 * len(window))
-            x, seconds = points.reshape(-1, 2).T.copy()  # contiguous rows: the types line_scale is compiled for
-            fitted = line_scale(x, seconds, self.tuning.min_steps, self.tuning.min_spread)
-            if fitted >= 0:
-                scale = fitted
-                break
-        self._step_scales[bucket] = (self.steps_observed, scale)
-        return scale
-
-    def step_costs(self, rows: int, positions: int, context: int, step: int) -> np.ndarray:
-        """``costs[m]`` for m = 0..positions: a step over ``rows`` rows' last tokens and m draft
-        tokens (every total one step could schedule, priced at once), relative to a plain step
-        of ``rows`` rows. ``step``: the caller's step number (exploration, below). Kept until
-        the fitted scale changes (an engine asks every step)."""
-        scale = self.step_scale(rows, context)
-        if scale is None:  # nothing measured here yet: the prior, and every few steps an optimistic try
-            every = self.tuning.explore_every
-            scale = self.tuning.explore_scale if step % every == every - 1 else 1.0
-        key = (rows, positions, self.bucket(context), scale)
-        costs = self._step_tables.get(key)
-        if costs is None:
-            costs = 1 + (self._prior(rows + np.arange(positions + 1), context, rows) - 1) * scale
-            if len(self._step_tables) >= 64:
-                self._step_tables.clear()
-            self._step_tables[key] = costs
-        return costs

@@ -31,7 +31,7 @@ per request from its acceptance and the engine's step cost, for all rows of a st
 (:func:`ngramspec.draft.sizing.draft_lengths`, flattened). The step cost is learned where the engine
 runs: the time from the end of one ``propose()`` to the start of the next is one engine step
 over a known number of scheduled tokens and rows, and
-:meth:`~ngramspec.cost.costmodel.OnlineCost.observe_step` fits how much dearer (or cheaper) extra
+:meth:`~ngramspec.cost.steps.EngineSteps.observe_step` fits how much dearer (or cheaper) extra
 positions are than the prior (a :class:`~ngramspec.cost.curves.CostPrior`) says. The prior is this project's CPU
 measurement, or ``verify_cost=...`` in the settings, or a file measured with ``python -m
 eval.vllm_cost --out cost.json`` and named by ``NGRAMSPEC_VLLM_COST``; none is required.
@@ -197,7 +197,7 @@ class Proposer:
         from ..util.files import write_atomic
 
         seen = sorted((max(OnlineCost.context_of(r) // 64, 1), OnlineCost.context_of(2 * c))
-                      for r, c in self.cost._steps)
+                      for r, c in self.cost.step_windows())
         stats = {"steps": self.steps, "drafted_tokens": self.drafted_tokens, "failures": self.failures,
                  "propose_ms_per_step": round(1e3 * self.propose_seconds / max(self.steps, 1), 4),
                  "steps_timed": self.cost.steps_observed,
