@@ -269,6 +269,25 @@ def test_no_draft_past_the_model_length():
     assert len(drafts[0]) <= 70 - 60 - 1
 
 
+@pytest.mark.parametrize("kind", [list, tuple, np.array])
+def test_a_prefilling_row_gets_no_draft_whatever_type_its_tokens_come_in(kind):
+    """vLLM passes each row's sampled tokens as a list; a row still prefilling sampled nothing
+    and must get no draft, whether the rows come as lists (read by truth value), tuples or
+    arrays (read by length), and a decoding row sampled token 0 (a false int, a true list)."""
+    period = np.arange(0, 10, dtype=np.int32)  # token 0 included
+    rows = np.stack([np.tile(period, 6), np.tile(period, 6)])  # two 60-token periodic rows
+    for sampled_first in (True, False):
+        proposer = Proposer(vllm_config(k=8))
+        for end in (55, 56, 57):  # three steps; row 1 prefills in the first unless sampled_first
+            second = [int(rows[1, end - 1])] if sampled_first or end > 55 else []
+            sampled = [kind([int(rows[0, end - 1])]), kind(second)]
+            drafts = proposer.propose(sampled, np.array([end, end]), rows.copy())
+        assert drafts[0] and drafts[1], drafts  # periodic text: both rows draft by the last step
+        proposer = Proposer(vllm_config(k=8))
+        drafts = proposer.propose([kind([0]), kind([])], np.array([51, 50]), rows.copy())
+        assert drafts[1] == [] and proposer.failures == 0
+
+
 def test_the_prior_interpolates_tokens_and_requests_and_reads_cost_files(tmp_path):
     prior = CostPrior(((1, 500, ((1, 1.0), (9, 2.0))), (5, 500, ((5, 2.0), (21, 4.0)))))
     assert prior.cost(1, 500, 1) == 1.0

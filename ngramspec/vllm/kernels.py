@@ -15,9 +15,9 @@ ROWS, SLOTS, LIMITS, LENGTHS, OFFSETS = range(5)  # rows of propose_rows' work a
 
 
 @njit(cache=True)
-def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, indexes, state, evidence, pool,
-                 pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
-                 knob_values, settings, step_costs, work, drafts, acceptance, kept):
+def propose_rows(token_ids, ends, sampled, expected, check, stamp, step_costs, row_slots, indexes, state, evidence,
+                 pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
+                 knob_values, settings, work, drafts, acceptance, kept):
     """One engine step's drafting, all rows in one call. Returns (live, matched, continued,
     context): the decoding rows (``rows[:live]``), whether every one held its slot, how many
     of those slots ran in the step before, and the rows' mean length.
@@ -33,7 +33,8 @@ def propose_rows(token_ids, ends, sampled, row_slots, expected, check, stamp, in
     rows' last tokens and m draft tokens) and the slots note what the next step verifies.
     ``stamp`` marks the slots' STAMP. The slots' arrays and ``knob_values`` are the
     :class:`~ngramspec.draft.sessions.SessionTable`'s; settings (int64): payoff, max_draft,
-    max_model_len. Out:
+    max_model_len. The arguments from ``row_slots`` on stay the same from one usual step to the
+    next (the caller passes them as one tuple). Out:
     work (5, >= R + 1) int64: the rows, their slots, limits and sized draft lengths, and where
     each row i's draft starts in ``kept`` (OFFSETS, i = 0..R: row i's draft is ``kept[offsets[i]
     : offsets[i + 1]]``, empty for a row that does not decode); acceptance (A, K) and drafts
