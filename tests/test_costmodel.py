@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ngramspec import NgramSpeculator
 from ngramspec.cost.costmodel import CostModelTuning, OnlineCost
 from ngramspec.cost.curves import CostCurve, CostPrior
-from ngramspec.cost.fit import line_scale
+from ngramspec.cost.fit import line_scale, stable_argsort
 from ngramspec.cost.timer import ForwardTimer
 from ngramspec.hf.decode import Options, StopRule, speculative_decode
 
@@ -283,6 +283,14 @@ def test_the_step_line_kernel_matches_its_reference(points, min_steps, min_sprea
         x, seconds = np.concatenate([x, [0.0, 1.0]]), np.concatenate([seconds, [0.01, 0.02]])
     got, want = line_scale(x, seconds, min_steps, min_spread), line_scale_reference(x, seconds, min_steps, min_spread)
     assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=False), st.sampled_from([0.0, 1.0, -1.0, 2.5])), max_size=300))
+def test_the_radix_argsort_is_numpys_stable_argsort(keys):
+    """line_scale's sort: any float64 keys but NaN (ties, infinities, subnormals), -0.0 read as 0.0."""
+    keys = np.array(keys, dtype=np.float64) + 0.0
+    assert np.array_equal(stable_argsort(keys), np.argsort(keys, kind="stable"))
 
 
 def test_engine_steps_learn_their_scale_per_context():
