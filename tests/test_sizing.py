@@ -120,6 +120,19 @@ def test_many_rows_under_engine_like_costs_size_as_the_reference(seed, rows, low
         assert got.tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("tied_rows", [2, 4, 7])
+def test_equal_gains_go_to_the_lower_rows_as_a_stable_sort_orders_them(tied_rows):
+    """Rows with the same acceptance tie at every position. A step cost that jumps at the
+    third position keeps two: the first two rows' first positions, as a stable sort of every
+    position (row-major) orders them; the kernel takes positions from a heap and stops early
+    (the jump rules out every larger step), and must break the ties the same way."""
+    acceptance, limits = constant([0.6] * tied_rows, 3), np.full(tied_rows, 3, dtype=np.int64)
+    step_costs = np.array([1.0, 1.01, 1.02] + [2.0 + 0.1 * k for k in range(3 * tied_rows - 2)])
+    got, _ = draft_lengths(acceptance, limits, step_costs, False)
+    want, _ = draft_lengths_reference(acceptance, limits, step_costs, False)
+    assert got.tolist() == want.tolist() == [1, 1] + [0] * (tied_rows - 2)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(0.0, 1.0), max_size=200), st.integers(1, 16))
 def test_the_gain_order_is_a_stable_sort(acceptance, positions):

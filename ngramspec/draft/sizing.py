@@ -88,7 +88,9 @@ def padded_lengths(acceptance, limits, step_costs):
 
 @njit(cache=True)
 def flattened_lengths(acceptance, limits, step_costs):
-    """:func:`draft_lengths`, flattened (vLLM's rows)."""
+    """:func:`draft_lengths`, flattened (vLLM's rows). Only the positions that can be in the
+    best m are ordered (:func:`_contenders`): on an engine whose extra positions cost what they
+    do on a CPU, a small part of a step's positions."""
     rows = limits.shape[0]
     lengths = np.zeros(rows, dtype=np.int64)
     if rows == 0:
@@ -105,7 +107,8 @@ def flattened_lengths(acceptance, limits, step_costs):
             gains[at] = g
             owner[at] = b
             at += 1
-    order = _by_gain(gains)
+    total = _contenders(gains, owner, rows, step_costs)
+    order = _by_gain(gains[:total])
     expected = float(rows)
     for m in range(1, total + 1):
         expected += gains[order[m - 1]]
@@ -115,6 +118,40 @@ def flattened_lengths(acceptance, limits, step_costs):
     for m in range(best_m):
         lengths[owner[order[m]]] += 1
     return lengths, best
+
+
+@njit(cache=True)
+def _contenders(gains, owner, rows, step_costs):
+    """Move the positions that can be among the best m to the front of ``gains`` and ``owner``,
+    in the order they were (row-major: ties stay in a stable sort's order), and return how
+    many. The best m is the first to reach the largest value, so its last position (gain g)
+    raised the value: g > value(m - 1) (step_costs[m] - step_costs[m - 1]) >= rows /
+    step_costs[m - 1] * that. With m at most n, g thus exceeds rows * (the least marginal cost
+    over 1..n) / (the largest cost over 0..n - 1), and the positions gaining more are a prefix
+    of the gain order: the best m is at most their count, a smaller n to start again from (a
+    few rounds). Where a marginal cost is <= 0, none is ruled out."""
+    n, cut = gains.shape[0], -np.inf  # n: the positions gaining more than cut
+    for _ in range(4):
+        least, most = np.inf, 0.0
+        for m in range(1, n + 1):
+            least = min(least, step_costs[m] - step_costs[m - 1])
+            most = max(most, step_costs[m - 1])
+        if n == 0 or not (least > 0 and most > 0):
+            break
+        floor = rows * least / most * (1.0 - 1e-9)  # (a margin far above rounding)
+        kept = 0
+        for i in range(gains.shape[0]):
+            kept += gains[i] > floor
+        if kept == n:  # (a larger floor never keeps more)
+            break
+        n, cut = kept, floor
+    if n < gains.shape[0]:
+        at = 0
+        for i in range(gains.shape[0]):
+            if gains[i] > cut:
+                gains[at], owner[at] = gains[i], owner[i]
+                at += 1
+    return n
 
 
 @njit(cache=True)
