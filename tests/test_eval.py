@@ -488,6 +488,19 @@ def test_propose_bench_replaces_requests_as_a_server_does():
     assert max(map(max, ends)) <= 300  # no row runs past its text
 
 
+def test_propose_bench_counts_an_engine_step_between_the_calls():
+    """--engine-step-ms: between two propose() calls the proposer's clock counts an engine
+    step priced by its prior, so it learns the prior's scale (~1), where the harness's own
+    gaps (a few microseconds whatever was drafted, and noisy) teach it nothing of an engine."""
+    from eval.propose_bench import EngineClock, time_steps, vllm_config
+    from ngramspec.vllm import Proposer
+
+    texts = [np.tile(np.arange(50 * i, 50 * i + 40, dtype=np.int32), 12) for i in range(4)]  # 480 tokens, copying
+    proposer = Proposer(vllm_config(16, 4, 1, 6))
+    time_steps([proposer.propose], texts, steps=150, warmup=5, engine=EngineClock(proposer, 0.010))
+    assert proposer.cost.step_scale(4, 300) == pytest.approx(1.0, rel=0.05)
+
+
 def test_drafter_and_oracle_settings_use_the_shared_parser(tmp_path):
     assert make_drafter("ngram: min_n=2 ,k=3").settings == {"min_n": 2, "max_n": 5, "k": 3}  # vLLM's max_n
     with pytest.raises(ValueError, match="expected name=value"):

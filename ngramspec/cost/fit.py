@@ -62,9 +62,9 @@ RADIX_BITS = 11  # a pass sorts by 11 bits: 2,048 counters, 6 passes for 64 bits
 def stable_argsort(keys):
     """``np.argsort(keys, kind="stable")`` for float64 keys with no NaN and no -0.0: a
     least-significant-digit radix sort of their bits, ordered as unsigned integers (negative
-    keys' bits flipped, the sign bit set on the others). ~4x faster than Numba's sorts on 8,128
-    slopes (~0.47 ms), and stable by construction; a pass where every key has the same digit
-    is skipped."""
+    keys' bits flipped, the sign bit set on the others). On 8,128 slopes ~0.17 ms, where
+    Numba's sorts take ~0.47 ms, and stable by construction; a pass where every key has the
+    same digit is skipped."""
     n = keys.shape[0]
     bits = np.empty(n, dtype=np.uint64)
     sign = np.uint64(1) << np.uint64(63)

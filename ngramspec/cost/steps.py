@@ -17,7 +17,7 @@ octaves away). Where no line is measured yet, one step in explore_every is sized
 optimistically (:class:`~ngramspec.cost.costmodel.CostModelTuning`).
 
 An engine calls :meth:`EngineSteps.observe_step` and :meth:`EngineSteps.step_costs` every step,
-between its forwards, so both are cheap there: a step is noted as it comes (~0.2 us) and filed
+between its forwards, so both are cheap there: a step is noted as it comes (~0.4 us) and filed
 into its window when a line is next fitted; the costs are the last call's until that fit is
 due or the rows, draft room or context half-octave change.
 
@@ -135,7 +135,7 @@ class EngineSteps:
         tokens (every total one step could schedule, priced at once), relative to a plain step
         of ``rows`` rows. ``step``: the caller's step number (exploration, below). The same
         array until the scale is refitted, or an exploring step, or the rows, positions or
-        context half-octave change (an engine asks every step: ~0.3 us then)."""
+        context half-octave change (an engine asks every step: ~0.2 us then)."""
         bucket, every = self.bucket(context), self.tuning.explore_every
         exploring = step % every == every - 1  # where nothing is measured yet: an optimistic try
         asked, due, measured, costs = self._step_memo
