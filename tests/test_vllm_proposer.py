@@ -100,8 +100,8 @@ def copying_request(vocab_base, length=120, rng=None):
     return {"prompt": prompt, "output": output, "done": 0, "base": vocab_base}
 
 
-def run_engine(proposer, requests, slots=4, preempt_every=0, seed=0):
-    engine = FakeEngine(proposer, slots=slots, seed=seed)
+def run_engine(proposer, requests, slots=4, preempt_every=0, seed=0, engine_class=FakeEngine):
+    engine = engine_class(proposer, slots=slots, seed=seed)
     waiting = list(requests)
     steps = 0
     while waiting or engine.rows:
@@ -552,6 +552,35 @@ def test_steps_call_the_kernels_with_the_types_they_were_warmed_for():
             assert set(layouts) <= {"C"}, (kernel.__name__, signature)
 
 
+class WideningEngine(FakeEngine):
+    """Hands the proposer int64 token ids from its 8th step on (vLLM's are int32)."""
+
+    steps = 0
+
+    def step(self):
+        self.steps += 1
+        if self.steps == 8:
+            self.tokens = self.tokens.astype(np.int64)
+        super().step()
+
+
+def test_token_ids_of_another_dtype_are_read_as_their_own():
+    """The proposer calls propose_rows' compiled entry point directly, skipping the typing of
+    its 26 arguments each step; token ids that change dtype mid-serving must get the entry for
+    their own type (read as the old one's, they would be other tokens and other drafts)."""
+    logs = []
+    for engine_class in (FakeEngine, WideningEngine):
+        rng = np.random.default_rng(5)
+        requests = [copying_request(1000 * (i + 1), length=120, rng=rng) for i in range(6)]
+        proposer = Proposer(vllm_config(k=8))
+        ticks = iter(range(10**6))
+        proposer.clock = lambda ticks=ticks: 0.01 * next(ticks)  # (the same step costs learned each run)
+        engine = run_engine(proposer, requests, slots=3, engine_class=engine_class)
+        logs.append([(req["base"], draft) for req, draft in engine.draft_log])
+    assert engine.tokens.dtype == np.int64 and sum(map(len, (d for _, d in logs[0]))) > 50
+    assert logs[0] == logs[1]
+
+
 NO_COMPILE_RUN = """
 import numpy as np
 from numba.core.dispatcher import Dispatcher
@@ -559,9 +588,14 @@ from test_vllm_proposer import Proposer, copying_request, run_engine, vllm_confi
 
 proposer = Proposer(vllm_config(k=4, max_num_seqs=4))
 proposer.sessions.max_idle = 2
-compiled, compile_for_args = [], Dispatcher._compile_for_args
+compiled, compile_for_args, compile = [], Dispatcher._compile_for_args, Dispatcher.compile
 Dispatcher._compile_for_args = lambda self, *a, **k: compiled.append(self.py_func.__name__) or compile_for_args(
     self, *a, **k)
+def looked_up(self, sig):  # an entry point looked up: compiled (or loaded) only where it is new
+    if tuple(sig) not in self.overloads:
+        compiled.append(self.py_func.__name__)
+    return compile(self, sig)
+Dispatcher.compile = looked_up
 rng = np.random.default_rng(7)
 run_engine(proposer, [copying_request(1000 + 100 * i, length=40, rng=rng) for i in range(12)], slots=4)
 assert proposer.sessions.created == 12 and proposer.speculator.history.index.length > 0

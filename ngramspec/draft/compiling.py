@@ -173,6 +173,17 @@ class PendingSession:
             self._session.finish()
 
 
+def entry_point(kernel, args):
+    """The compiled entry point of ``kernel`` (a Numba dispatcher) for ``args``' types, compiled
+    or loaded from the cache if none is yet: a call to it skips the dispatcher's typing of every
+    argument (~0.04 us an array, ~0.4 us a typed list; ~0.9 us of a vLLM step's 26 arguments).
+    The caller must call it with arguments of those types only (an array of another dtype or
+    number of dimensions would be read as this one's)."""
+    import numba
+
+    return kernel.compile(tuple(numba.typeof(a) for a in args))
+
+
 if __name__ == "__main__":
     if hasattr(os, "nice"):
         os.nice(19)  # the requests first: this process takes what they leave
