@@ -90,27 +90,32 @@ def padded_lengths(acceptance, limits, step_costs):
 def flattened_lengths(acceptance, limits, step_costs):
     """:func:`draft_lengths`, flattened (vLLM's rows). Only the positions that can be in the
     best m are ordered (:func:`_contenders`): on an engine whose extra positions cost what they
-    do on a CPU, a small part of a step's positions."""
+    do on a CPU, a small part of a step's positions, and a row's gains are read only down to
+    the first that cannot be."""
     rows = limits.shape[0]
     lengths = np.zeros(rows, dtype=np.int64)
     if rows == 0:
         return lengths, 0.0
     best_m, best = 0, rows / step_costs[0]
     total = limits.sum()
+    floor = _floor(best, step_costs, total)  # the best m's positions gain more (_contenders)
     gains = np.empty(total)
     owner = np.empty(total, dtype=np.int64)
-    at = 0
+    at, gained = 0, 0.0
     for b in range(rows):
         g = 1.0
         for j in range(limits[b]):
             g *= acceptance[b, j]
-            gains[at] = g
-            owner[at] = b
+            if not g > floor:  # a row's gains fall with j (estimates <= 1): so do the rest
+                break
+            gains[at], owner[at] = g, b
+            gained += g
             at += 1
-    total = _contenders(gains, owner, rows, step_costs)
-    order = _by_gain(gains[:total])
+    if floor > -np.inf and at > 0:
+        at = _contenders(gains[:at], owner[:at], rows, step_costs, max(best, (rows + gained) / step_costs[at]))
+    order = _by_gain(gains[:at])
     expected = float(rows)
-    for m in range(1, total + 1):
+    for m in range(1, at + 1):
         expected += gains[order[m - 1]]
         value = expected / step_costs[m]
         if value > best:
@@ -121,30 +126,44 @@ def flattened_lengths(acceptance, limits, step_costs):
 
 
 @njit(cache=True)
-def _contenders(gains, owner, rows, step_costs):
+def _floor(reached, step_costs, n):
+    """A gain the best m's last position exceeds, if m <= n and some m reaches a value of
+    ``reached`` (:func:`_contenders`): ``reached`` x the least marginal cost over 1..n; -inf
+    where that or the plain step's cost is <= 0 (nothing is ruled out)."""
+    least = np.inf
+    for m in range(1, n + 1):
+        least = min(least, step_costs[m] - step_costs[m - 1])
+    if n == 0 or not (least > 0 and step_costs[0] > 0):
+        return -np.inf
+    return reached * least * (1.0 - 1e-9)  # (a margin far above rounding)
+
+
+@njit(cache=True)
+def _contenders(gains, owner, rows, step_costs, reached):
     """Move the positions that can be among the best m to the front of ``gains`` and ``owner``,
     in the order they were (row-major: ties stay in a stable sort's order), and return how
-    many. The best m is the first to reach the largest value, so its last position (gain g)
-    raised the value: g > value(m - 1) (step_costs[m] - step_costs[m - 1]) >= rows /
-    step_costs[m - 1] * that. With m at most n, g thus exceeds rows * (the least marginal cost
-    over 1..n) / (the largest cost over 0..n - 1), and the positions gaining more are a prefix
-    of the gain order: the best m is at most their count, a smaller n to start again from (a
-    few rounds). Where a marginal cost is <= 0, none is ruled out."""
+    many. ``gains`` holds the first n positions in gain order, and some m reaches a value of
+    ``reached``. The best m is the first to reach the largest value V, so its last position
+    (gain g) raised the value: (A + g) / c > A / p, with A = rows + the gains before it, c and
+    p the costs of m and m - 1; A = V c - g gives g > V (c - p) >= reached x (the least
+    marginal cost over 1..n) (:func:`_floor`). The n' positions gaining more than that are the
+    first n' in gain order, m is at most n', and value(n') is reached: a smaller n and a larger
+    bound to start again from (rounds while each rules out a quarter of what is left)."""
     n, cut = gains.shape[0], -np.inf  # n: the positions gaining more than cut
     for _ in range(4):
-        least, most = np.inf, 0.0
-        for m in range(1, n + 1):
-            least = min(least, step_costs[m] - step_costs[m - 1])
-            most = max(most, step_costs[m - 1])
-        if n == 0 or not (least > 0 and most > 0):
+        floor = _floor(reached, step_costs, n)
+        if floor == -np.inf:
             break
-        floor = rows * least / most * (1.0 - 1e-9)  # (a margin far above rounding)
-        kept = 0
-        for i in range(gains.shape[0]):
-            kept += gains[i] > floor
-        if kept == n:  # (a larger floor never keeps more)
-            break
+        kept, gained = 0, 0.0
+        for i in range(gains.shape[0]):  # (no branch: vector compares)
+            above = gains[i] > floor
+            kept += above
+            gained += gains[i] if above else 0.0
+        shrank = kept < n - (n >> 2)
         n, cut = kept, floor
+        if n == 0 or not shrank:
+            break
+        reached = max(reached, (rows + gained) / step_costs[n])
     if n < gains.shape[0]:
         at = 0
         for i in range(gains.shape[0]):
