@@ -581,6 +581,38 @@ def test_token_ids_of_another_dtype_are_read_as_their_own():
     assert logs[0] == logs[1]
 
 
+def test_the_entry_point_is_called_with_the_types_it_was_found_for(monkeypatch):
+    """propose_rows' entry point is looked up only when vLLM's arrays change type: every other
+    argument must keep its type while requests come, finish into the history, are preempted
+    and move (an entry point reads an argument of another type as its own)."""
+    import numba
+
+    from ngramspec.vllm import proposer as proposer_module
+
+    calls, mismatched = [], []
+
+    def checked_entry_point(kernel, args):
+        entry, found_for = proposer_module.compiling.entry_point(kernel, args), [numba.typeof(a) for a in args]
+
+        def call(*args):
+            calls.append(1)
+            if [numba.typeof(a) for a in args] != found_for:
+                mismatched.append([numba.typeof(a) for a in args])
+            return entry(*args)
+
+        return call
+
+    monkeypatch.setattr(proposer_module, "entry_point", checked_entry_point)
+    proposer = Proposer(vllm_config(k=8, max_num_seqs=4))
+    proposer.sessions.max_idle = 2  # slots evicted too
+    rng = np.random.default_rng(11)
+    engine = run_engine(proposer, [copying_request(1000 * (i + 1), length=60, rng=rng) for i in range(16)], slots=4,
+                        preempt_every=7)
+    assert len(calls) > 100 and proposer.speculator.history.index.length > 0 and proposer.sessions.created >= 16
+    assert mismatched == [] and proposer.failures == 0
+    assert sum(map(len, (d for _, d in engine.draft_log))) > 50
+
+
 NO_COMPILE_RUN = """
 import numpy as np
 from numba.core.dispatcher import Dispatcher
