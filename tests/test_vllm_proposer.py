@@ -177,6 +177,7 @@ def step(sessions: RowSessions, rows: dict) -> dict:
     slots = sessions.step(token_ids, index, np.array([len(t) for t in rows.values()], dtype=np.int64))
     sessions.table.draft(token_ids, index, np.array([len(t) for t in rows.values()]), slots, np.zeros(len(rows)))
     sessions.table.state[slots, ACTIVE] = 1  # drafted nothing: the next step verifies nothing
+    sessions.retire()
     return dict(zip(rows, slots.tolist()))
 
 
@@ -518,18 +519,34 @@ class MatchEveryStep(Proposer):
     usual_step = False
 
 
+def answering_request(answer, vocab_base, rng):
+    """A prompt of its own (random tokens in [vocab_base, vocab_base + 500)) and an output that
+    is mostly ``answer``, shared by every such request: drafted from the history of the ones
+    that finished before."""
+    prompt = rng.integers(vocab_base, vocab_base + 500, int(rng.integers(40, 120))).astype(np.int32)
+    output = np.concatenate([answer[: int(rng.integers(30, answer.size))], prompt[:5]])
+    return {"prompt": prompt, "output": output, "done": 0, "base": vocab_base}
+
+
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_usual_step_drafts_what_matching_every_step_drafts(seed, monkeypatch):
+def test_the_usual_step_drafts_what_matching_every_step_drafts(seed, shared, monkeypatch):
     """Steps whose rows all kept their slots run as one compiled call (spot checks, extend,
     draft, size); they must draft exactly what matching rows in Python and then drafting does,
-    while rows move, finish and are preempted."""
+    while rows move, finish and are preempted. ``shared``: the outputs repeat one another, so
+    when a finished request's output joins the history decides drafts too."""
     logs = []
     usual = []
     same_rows = RowSessions.same_rows
     monkeypatch.setattr(RowSessions, "same_rows", lambda self, c: usual.append(1) or same_rows(self, c))
     for proposer_class in (Proposer, MatchEveryStep):
         rng = np.random.default_rng(seed)
-        requests = [copying_request(1000 * (i + 1), length=int(rng.integers(40, 200)), rng=rng) for i in range(8)]
+        if shared:
+            answer = rng.integers(100_000, 100_500, 150).astype(np.int32)
+            requests = [answering_request(answer, 1000 * (i + 1), rng) for i in range(12)]
+        else:
+            requests = [copying_request(1000 * (i + 1), length=int(rng.integers(40, 200)), rng=rng)
+                        for i in range(8)]
         proposer = proposer_class(vllm_config(k=8))
         ticks = iter(range(10**6))
         proposer.clock = lambda ticks=ticks: 0.01 * next(ticks) ** 1.1  # slower steps: a scale to learn

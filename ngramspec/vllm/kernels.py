@@ -15,19 +15,21 @@ ROWS, SLOTS, LIMITS, LENGTHS, OFFSETS = range(5)  # rows of propose_rows' work a
 
 
 @njit(cache=True)
-def propose_rows(token_ids, ends, sampled, expected, check, stamp, step_costs, row_slots, indexes, state, evidence,
-                 pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
-                 knob_values, settings, work, drafts, acceptance, kept):
+def propose_rows(token_ids, ends, sampled, expected, check, stamp, first, step_costs, row_slots, indexes, state,
+                 evidence, pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots,
+                 history_length, knob_values, settings, work, drafts, acceptance, kept):
     """One engine step's drafting, all rows in one call. Returns (live, matched, continued,
-    context): the decoding rows (``rows[:live]``), whether every one held its slot, how many
-    of those slots ran in the step before, and the rows' mean length.
+    context, drafted): the decoding rows (``rows[:live]``), whether every one held its slot, how
+    many of those slots ran in the step before, the rows' mean length, and how many rows, from
+    the first, extended and drafted (all of them where matched).
 
     token_ids (>= R, L) int32 and ends (>= R,) int32: row i's text is ``token_ids[i, :ends[i]]``;
     sampled (R,) int64: > 0 where row i emitted tokens this step (0: still prefilling). row_slots: row
     -> slot (-1: none). With ``check``, each decoding row must hold the slot it had (spot
     checks) and there must be ``expected`` of them, else matched is False (the caller matches
-    rows to slots and calls again without ``check``; rows before the first that failed have
-    already extended, which that call finds done). Then every row extends and drafts
+    rows to slots and calls again without ``check``, passing ``drafted`` as ``first``: the rows
+    before it have extended and drafted already, and matching keeps their slots). Then every row
+    extends and drafts
     (:func:`ngramspec.draft.sessions.draft_row`), all drafts are sized together
     (:func:`ngramspec.draft.sizing.draft_lengths`, flattened; step_costs[m] prices a step over the
     rows' last tokens and m draft tokens) and the slots note what the next step verifies.
@@ -50,7 +52,7 @@ def propose_rows(token_ids, ends, sampled, expected, check, stamp, step_costs, r
             total += ends[i]
     context = total // max(live, 1)
     if check and live != expected:
-        return live, False, 0, context
+        return live, False, 0, context, 0
     # 2. Each row: its slot (the one it had, if the spot checks say it still holds it; or as
     #    the caller matched), then it extends with its new tokens and drafts, unsized. A row
     #    reads its slot's (stream, table) once: ~50 ns a read.
@@ -62,21 +64,25 @@ def propose_rows(token_ids, ends, sampled, expected, check, stamp, step_costs, r
         s = row_slots[i] if i < row_slots.shape[0] else -1
         if s < 0:
             if check:
-                return live, False, 0, context
+                return live, False, 0, context, r
             raise ValueError("a decoding row has no slot")  # the caller matches every row first
         stream, table = indexes[s]
         text = token_ids[i, : ends[i]]
         if check:
             draw_probes(stamp, s, probes)
             if not spot_check(stream, text, state[s, LENGTH], probes):
-                return live, False, 0, context
+                return live, False, 0, context, r
+        # Drafted by the call before this one (matching gave it the slot it had there: the
+        # same spot checks, with the same probes).
+        drafted = r < first
         slots[r] = s
         continued += state[s, ACTIVE]  # its last draft was verified unless it was idle
         state[s, STAMP] = stamp
         limits[r] = max(min(max_draft, max_model_len - np.int64(ends[i]) - 1, drafts.shape[1]), 0)
-        lengths[r] = draft_row(text, s, limits[r], stream, table, indexes, state, evidence, pool, pending, branches,
-                               edit_tokens, edit_sizes, edit_stamps, history, history_slots, history_length,
-                               knob_values, buffers, drafts[r], acceptance[r])
+        if not drafted:
+            lengths[r] = draft_row(text, s, limits[r], stream, table, indexes, state, evidence, pool, pending,
+                                   branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots,
+                                   history_length, knob_values, buffers, drafts[r], acceptance[r])
     # 3. One length per row, for all rows together (the step's total token count).
     if payoff and lengths[:live].sum() >= step_costs.shape[0]:
         raise ValueError("step_costs must price every total the drafts could add")
@@ -94,4 +100,4 @@ def propose_rows(token_ids, ends, sampled, expected, check, stamp, step_costs, r
             at += n
             r += 1
     offsets[sampled.shape[0]] = at
-    return live, True, continued, context
+    return live, True, continued, context, live

@@ -173,13 +173,17 @@ class Proposer:
         # 2. The usual step: the same rows as the last one, each holding its slot (spot-checked),
         #    drafted and sized in one compiled call.
         expected = sessions.active.shape[0]
-        live, matched, continued, context = self._run(token_ids, ends, sampled, expected, True)
+        live, matched, continued, context, drafted = self._run(token_ids, ends, sampled, expected, True, 0)
         if matched:
             sessions.same_rows(continued)
-        else:  # 3. Rows came, went or moved (rare): match them to slots here, then draft.
+        else:  # 3. Rows came, went or moved (rare): match them to slots here, then draft the
+            #    rows not drafted yet (the first ``drafted`` are: they kept their slots), then
+            #    the slots no row took retire.
             rows = self._work[ROWS, :live].copy()
             sessions.step(token_ids, rows, ends[rows])
-            live, _, _, context = self._run(token_ids, ends, sampled, live, False)
+            live, _, _, context, _ = self._run(token_ids, ends, sampled, live, False, drafted)
+            sessions.retire()
+            self._fixed = (None,)  # the history may have grown: the next step reads it anew
         self._context = context
         # 4. The engine step that just ran, timed from the end of the last propose(): learned
         #    where it ran exactly this step's rows, all decoding, over each row's last token
@@ -215,10 +219,11 @@ class Proposer:
                  "step_scale": {f"{r}x{c}": self.cost.step_scale(r, c) for r, c in seen}}
         write_atomic(path, json.dumps(stats))
 
-    def _run(self, token_ids, ends, sampled, expected: int, check: bool):
+    def _run(self, token_ids, ends, sampled, expected: int, check: bool, first: int):
         """:func:`propose_rows` over this step's rows (``expected`` of them), sized by the step
         cost of that many rows. With ``check``, a step whose rows did not all keep their slots
-        returns unmatched (as every such step does where ``usual_step`` is off)."""
+        returns unmatched (as every such step does where ``usual_step`` is off). Rows before
+        ``first`` are not drafted again: the unmatched call before drafted them."""
         sessions = self.sessions
         if self._fixed[0] is not sessions.rows:  # rows matched in Python (a new array), or new buffers
             table = sessions.table
@@ -226,8 +231,8 @@ class Proposer:
                            self._settings, self._work, self._drafts, self._acceptance, self._kept)
         step_costs = self.cost.step_costs(expected, expected * self.max_draft, self._context, self.steps)
         stamp = sessions.steps + 1 if check else sessions.steps  # RowSessions.step has stamped the others
-        args = (token_ids, ends, sampled, expected if self.usual_step or not check else -1, check, stamp, step_costs,
-                *self._fixed)
+        args = (token_ids, ends, sampled, expected if self.usual_step or not check else -1, check, stamp, first,
+                step_costs, *self._fixed)
         # The compiled entry point for these types, looked up (~0.17 ms: numba.typeof is ~6 us an
         # array) where vLLM's arrays come with other types than the last step's: every other
         # argument is this proposer's own, of one type each whatever its rows.
@@ -238,7 +243,8 @@ class Proposer:
 
     def _allocate(self, rows: int) -> None:
         # propose_rows' arguments that stay the same between usual steps, rebuilt whenever
-        # RowSessions.step matched rows (it changes the table only then, and replaces its rows)
+        # RowSessions.step matched rows (it changes the table and history only then, and
+        # replaces its rows)
         self._fixed: tuple = (None,)
         self._types: tuple = ()  # vLLM's arrays' types that _entry was looked up for
         self._entry = None  # propose_rows' compiled entry point

@@ -45,6 +45,7 @@ class RowSessions:
         self.created = 0  # slots built from a row's whole text
         self.steps = 0
         self.continued = 0  # rows of the latest step that also ran in the one before (see step)
+        self._left = np.zeros(0, dtype=np.int64)  # slots no row took in the last step (see retire)
 
     def length(self, slot: int) -> int:
         """Tokens slot ``slot`` has indexed."""
@@ -53,7 +54,7 @@ class RowSessions:
     def step(self, token_ids: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Match every decoding row (``rows`` (A,) indices into ``token_ids``, row r's text
         ``token_ids[rows[r], :ends[r]]``) to a slot; returns the slots (A,). The slots extend
-        with their rows' new tokens when they draft (:func:`propose_rows`)."""
+        with their rows' new tokens when they draft (:func:`propose_rows`); then :meth:`retire`."""
         count = rows.shape[0]
         self.steps += 1
         # 1. Each row keeps its slot, or takes a moved or idle one whose text it continues: one
@@ -74,23 +75,32 @@ class RowSessions:
         state = self.table.state  # (new slots may have grown it)
         continued = int(state[slots, ACTIVE].sum())  # its last draft was verified unless it was idle
         state[slots, STAMP] = self.steps
-        # 3. Slots no row took: finished (or preempted: it may come back).
-        left = self.active[state[self.active, STAMP] != self.steps]
-        for s in left.tolist():
-            self.table.finish(s)  # its output joins the history once, however often it goes idle
-            state[s, ACTIVE] = 0
-            self.idle[s] = None
-            self.idle_tokens += self.length(s)
-        while self.idle and (len(self.idle) > self.max_idle or self.idle_tokens > self.max_idle_tokens):
-            s, _ = self.idle.popitem(last=False)
-            self.idle_tokens -= self.length(s)
-            self.table.release(s)
+        # 3. Slots no row took: finished (or preempted: it may come back), retired after this
+        #    step's drafts (:meth:`retire`).
+        self._left = self.active[state[self.active, STAMP] != self.steps]
         self.rows = np.full(int(rows.max(initial=-1)) + 1, -1, dtype=np.int64)
         self.rows[rows] = slots
         # Rows that ran in the last step with the slot they have now, when no row left.
         self.continued = continued if self.active.shape[0] == count else 0
         self.active = slots
         return slots
+
+    def retire(self) -> None:
+        """After the drafts of a :meth:`step`: the slots no row took go idle and their output
+        joins the history. Not before: every row drafts once a step, and the rows that
+        drafted before the step matched them (:func:`propose_rows`) drafted from the history
+        as it was."""
+        state = self.table.state
+        for s in self._left.tolist():
+            self.table.finish(s)  # its output joins the history once, however often it goes idle
+            state[s, ACTIVE] = 0
+            self.idle[s] = None
+            self.idle_tokens += self.length(s)
+        self._left = self._left[:0]
+        while self.idle and (len(self.idle) > self.max_idle or self.idle_tokens > self.max_idle_tokens):
+            s, _ = self.idle.popitem(last=False)
+            self.idle_tokens -= self.length(s)
+            self.table.release(s)
 
     def same_rows(self, continued: int) -> None:
         """A step in which every row kept its slot and no slot left (the proposer's usual step,
