@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from ngramspec import NgramSpeculator
 from ngramspec.cost.costmodel import CostModelTuning, OnlineCost
 from ngramspec.cost.curves import CostCurve, CostPrior
-from ngramspec.cost.fit import line_scale, stable_argsort
+from ngramspec.cost.fit import line_scale, weighted_median
 from ngramspec.cost.timer import ForwardTimer
 from ngramspec.hf.decode import Options, StopRule, speculative_decode
 
-from reference_fit import line_scale_reference
+from reference_fit import line_scale_reference, weighted_median_reference
 from test_decode import FakeTarget, plain
 
 LOW = CostCurve(((1, 1.0), (16, 2.0)))
@@ -285,12 +285,24 @@ def test_the_step_line_kernel_matches_its_reference(points, min_steps, min_sprea
     assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.floats(allow_nan=False), st.sampled_from([0.0, 1.0, -1.0, 2.5])), max_size=300))
-def test_the_radix_argsort_is_numpys_stable_argsort(keys):
-    """line_scale's sort: any float64 keys but NaN (ties, infinities, subnormals), -0.0 read as 0.0."""
-    keys = np.array(keys, dtype=np.float64) + 0.0
-    assert np.array_equal(stable_argsort(keys), np.argsort(keys, kind="stable"))
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.floats(allow_nan=False), st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5])),
+                          st.one_of(st.integers(0, 2**50), st.sampled_from([0, 1, 3]))), min_size=1, max_size=300))
+def test_the_weighted_median_selection_is_the_sorted_one(pairs):
+    """line_scale's median: any float64 values but NaN (ties, infinities, subnormals, both
+    zeros) and any weights (zeros, equal ones, one that outweighs the rest)."""
+    values = np.array([p[0] for p in pairs], dtype=np.float64)
+    weights = np.array([p[1] for p in pairs], dtype=np.int64)
+    want = weighted_median_reference(values, weights)
+    assert weighted_median(values.copy(), weights.copy()) == want
+
+
+def test_the_weighted_median_is_the_value_where_half_the_weight_is_reached():
+    values, weights = np.array([3.0, 1.0, 2.0, 2.0]), np.array([1, 1, 2, 3])
+    assert weighted_median(values, weights) == 2.0  # up to 1: 1 of 7; up to 2: 6 of 7
+    assert weighted_median(np.array([1.0, 2.0]), np.array([1, 1])) == 1.0  # exactly half: the lower
+    assert weighted_median(np.array([1.0, 2.0]), np.array([1, 2])) == 2.0
+    assert weighted_median(np.array([5.0, 4.0]), np.array([0, 0])) == 4.0  # no weight: the least
 
 
 def test_engine_steps_learn_their_scale_per_context():

@@ -94,7 +94,7 @@ class EngineSteps:
     def step_scale(self, rows: int, context: int = 512) -> float | None:
         """How the measured excess cost of a step of ``rows`` rows with ``context`` tokens each compares with
         the prior's (1: as the prior says), from its window or the nearest one that measures it; None where none
-        does. Refitted after step_refit more timed steps (a fit over a full window costs ~0.23 ms), or min_steps
+        does. Refitted after step_refit more timed steps (a fit over a full window costs ~0.04 ms), or min_steps
         while none is measured in the first step_refit steps."""
         return self._step_fit(rows, context)[0]
 
