@@ -275,12 +275,19 @@ def _summary(totals, identical, per_item, batch_seconds, batch_size, methods, do
             "learned_costs": learned_costs(methods)}
 
 
-def learned_costs(methods, context: int = 400) -> dict:
+def learned_costs(methods) -> dict:
     """What each online cost model (a method with no fixed ``verify_cost``) has learned so far:
-    its forward cost over q tokens relative to one, at the context the measured curve uses."""
-    return {m.name: {"observations": m.speculator.cost_model.observations,
-                     "curve": [(q, round(float(m.speculator.cost_model(q, context)), 3)) for q in LEARNED_QS]}
-            for m in methods if m.speculator is not None and m.speculator.cost_model.learn}
+    its forward cost over q tokens relative to one, at the context where most of its forwards
+    were timed (elsewhere it reads the prior: the items' contexts set where it learns; 400
+    tokens where none was timed)."""
+    out = {}
+    for m in methods:
+        if m.speculator is not None and m.speculator.cost_model.learn:
+            model = m.speculator.cost_model
+            context = model.timed_context() or 400
+            out[m.name] = {"observations": model.observations, "context": context,
+                           "curve": [(q, round(float(model(q, context)), 3)) for q in LEARNED_QS]}
+    return out
 
 
 def paired(batch_seconds: dict, batch_size: int) -> list[dict]:
@@ -342,8 +349,9 @@ def markdown(result: dict) -> str:
     for dtype, learned in result.get("learned_costs", {}).items():
         measured = dict(result.get("measured_costs", {}).get(dtype, ()))
         for name, model in learned.items():
-            lines += ["", f"Verify cost at 400 tokens of context relative to one token ({dtype}): what {name}'s "
-                      f"online cost model learned ({model['observations']} timed forwards)"
+            lines += ["", f"Verify cost at {model.get('context', 400)} tokens of context relative to one token "
+                      f"({dtype}): what {name}'s online cost model learned ({model['observations']} timed forwards, "
+                      "most of them at this context)"
                       + (" beside this device's measured curve" if measured else ""), "",
                       "| q | " + " | ".join(str(q) for q, _ in model["curve"]) + " |",
                       "|---|" + "---|" * len(model["curve"]),
@@ -476,7 +484,9 @@ def main(args) -> int:
         # Measured after the benchmark, for the table only (sizing stays with the online model),
         # so the items come first within a budget: this takes ~10 forwards per q.
         if args.print_cost and (deadline is None or time.time() < deadline):
-            measured = measure_cost_curve(model, qs=LEARNED_QS, repeats=5)
+            learned = result["learned_costs"].get(dtype_name, {})
+            context = next(iter(learned.values()), {}).get("context", 400)  # where the learned curve is read
+            measured = measure_cost_curve(model, context=context, qs=LEARNED_QS, repeats=5)
             result["measured_costs"][dtype_name] = [(q, round(measured[q], 3)) for q in LEARNED_QS]
             result = report(line="measured verify cost " + ", ".join(f"q={q}: {c:.2f}" for q, c in
                                                                       result["measured_costs"][dtype_name]))

@@ -305,6 +305,22 @@ def test_the_weighted_median_is_the_value_where_half_the_weight_is_reached():
     assert weighted_median(np.array([5.0, 4.0]), np.array([0, 0])) == 4.0  # no weight: the least
 
 
+def test_the_timed_context_is_where_most_forwards_were_timed():
+    """A bench reads the learned curve there: elsewhere the model reads the prior."""
+    model = OnlineCost()
+    assert model.timed_context() is None
+    for _ in range(4):
+        model.observe(1, 400, 0.010)
+    for _ in range(9):
+        for q in (1, 4):
+            model.observe(q, 2000, 0.020 * q ** 0.5)
+    model.observe(1, 300, 0.05, rows=2)  # another row count: its own
+    assert model.timed_context() == OnlineCost.context_of(OnlineCost.bucket(2000))
+    assert model.timed_context(rows=2) == OnlineCost.context_of(OnlineCost.bucket(300))
+    assert model(4, model.timed_context()) == pytest.approx(2.0)  # measured there: 2x a plain step
+    assert model(4, 100) != pytest.approx(2.0)  # far from every timing: the prior
+
+
 def test_engine_steps_learn_their_scale_per_context():
     """One request at a time: a short request's steps (300 tokens of context, plain step 10 ms,
     extra positions 0.5x the prior's excess) and a long one's (3,000 tokens, 40 ms, 3x). Each

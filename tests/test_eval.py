@@ -435,6 +435,31 @@ def test_bench_reports_after_every_batch_and_a_budget_cuts_it_short(tiny_model_d
     assert "verify cost not measured: time budget spent" in stdout
 
 
+def test_bench_reports_the_learned_cost_where_it_was_learned():
+    """Items of 2,000-token prompts: the table reads the online model at their context (a read
+    at 400 tokens, far from every timing, would be the prior, labelled as learned)."""
+    from types import SimpleNamespace
+
+    from eval.bench import learned_costs, markdown
+    from ngramspec.cost.costmodel import OnlineCost
+
+    model = OnlineCost()
+    for _ in range(9):
+        for q in (1, 4):
+            model.observe(q, 2000, 0.020 * q ** 0.5)  # 4 tokens: 2x a plain step
+    methods = [SimpleNamespace(name="ngramspec", speculator=SimpleNamespace(cost_model=model)),
+               SimpleNamespace(name="greedy", speculator=None)]
+    learned = learned_costs(methods)
+    assert list(learned) == ["ngramspec"]
+    context = learned["ngramspec"]["context"]
+    assert OnlineCost.bucket(context) == OnlineCost.bucket(2000)
+    assert dict(learned["ngramspec"]["curve"])[4] == pytest.approx(2.0)
+    text = markdown({"rows": [], "learned_costs": {"float32": learned}})
+    assert f"Verify cost at {context} tokens of context" in text
+    row = next(line for line in text.splitlines() if line.startswith("| learned |")).split("|")[2:-1]
+    assert [float(c) for c in row][:4:3] == [1.0, 2.0]  # q = 1 and q = 4
+
+
 def test_bench_writes_the_table_after_every_batch(tiny_model_dir, monkeypatch, tmp_path):
     from eval.bench import bench
     from ngramspec import load_model

@@ -299,6 +299,16 @@ class OnlineCost(EngineSteps):
         self._lines[(rows, bucket)] = (self.observations, line)
         return line
 
+    def timed_context(self, rows: int = 1) -> int | None:
+        """The context (the middle of its half-octave) where most of the kept forward timings of
+        ``rows`` rows fall; None where none was timed. A cost read far from it is the prior's."""
+        counts: dict[int, int] = {}
+        with self._lock:
+            for (cell_rows, bucket, _), cell in self._cells.items():
+                if cell_rows == rows:
+                    counts[bucket] = counts.get(bucket, 0) + len(cell)
+        return self.context_of(max(counts, key=counts.__getitem__)) if counts else None
+
     def table(self, context: int, max_tokens: int) -> np.ndarray:
         """``costs[q]`` for q = 0..max_tokens at this context, one row; recomputed when this
         context's half-octave changes or 8 more timings came in (draft sizing asks every step)."""
