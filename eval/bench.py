@@ -43,6 +43,7 @@ from .options import add_options, ints, methods_of
 
 METHODS = ("greedy", "hf-pld", "ngramspec")
 LEARNED_QS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+UNTIMED_CONTEXT = 400  # where the learned cost table is read when the model timed no forward
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -279,12 +280,12 @@ def learned_costs(methods) -> dict:
     """What each online cost model (a method with no fixed ``verify_cost``) has learned so far:
     its forward cost over q tokens relative to one, at the context where most of its forwards
     were timed (elsewhere it reads the prior: the items' contexts set where it learns; 400
-    tokens where none was timed)."""
+    tokens (UNTIMED_CONTEXT) where none was timed)."""
     out = {}
     for m in methods:
         if m.speculator is not None and m.speculator.cost_model.learn:
             model = m.speculator.cost_model
-            context = model.timed_context() or 400
+            context = model.timed_context() or UNTIMED_CONTEXT
             out[m.name] = {"observations": model.observations, "context": context,
                            "curve": [(q, round(float(model(q, context)), 3)) for q in LEARNED_QS]}
     return out
@@ -349,7 +350,8 @@ def markdown(result: dict) -> str:
     for dtype, learned in result.get("learned_costs", {}).items():
         measured = dict(result.get("measured_costs", {}).get(dtype, ()))
         for name, model in learned.items():
-            lines += ["", f"Verify cost at {model.get('context', 400)} tokens of context relative to one token "
+            context = model.get("context", UNTIMED_CONTEXT)
+            lines += ["", f"Verify cost at {context} tokens of context relative to one token "
                       f"({dtype}): what {name}'s online cost model learned ({model['observations']} timed forwards, "
                       "most of them at this context)"
                       + (" beside this device's measured curve" if measured else ""), "",
@@ -485,7 +487,8 @@ def main(args) -> int:
         # so the items come first within a budget: this takes ~10 forwards per q.
         if args.print_cost and (deadline is None or time.time() < deadline):
             learned = result["learned_costs"].get(dtype_name, {})
-            context = next(iter(learned.values()), {}).get("context", 400)  # where the learned curve is read
+            # where the learned curve is read
+            context = next(iter(learned.values()), {}).get("context", UNTIMED_CONTEXT)
             measured = measure_cost_curve(model, context=context, qs=LEARNED_QS, repeats=5)
             result["measured_costs"][dtype_name] = [(q, round(measured[q], 3)) for q in LEARNED_QS]
             result = report(line="measured verify cost " + ", ".join(f"q={q}: {c:.2f}" for q, c in
