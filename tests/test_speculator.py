@@ -30,7 +30,8 @@ def test_draft_continues_a_period_past_the_end_of_stream():
 
 def test_payoff_sizing_learns_from_rejections():
     # A long repeated pattern whose continuation the "target" never follows: after a few
-    # rejected drafts, drafting stops paying and the session proposes nothing.
+    # rejected drafts, drafting stops paying and the session proposes nothing, but for a probe
+    # where a match of another length (its own evidence bucket) comes up.
     cost = ((1, 1.0), (2, 1.5), (16, 1.5))
     spec = NgramSpeculator(min_n=2, max_draft_tokens=8, verify_cost=cost)
     session = spec.start([1, 2, 3, 4, 5, 6, 7, 8, 9] * 2)
@@ -40,7 +41,7 @@ def test_payoff_sizing_learns_from_rejections():
         draft = session.propose()
         sizes.append(len(draft))
         session.extend([100 + i])  # the target emits a new token: the first draft token fails
-    assert sizes[0] > 0 and sizes[-1] == 0
+    assert sizes[0] > 0 and sum(size > 0 for size in sizes[4:]) <= 1, sizes
     # ...while a target that accepts everything keeps the drafts at full length.
     session = spec.start([1, 2, 3, 4, 5, 6, 7, 8, 9] * 2)
     session.extend([1, 2])
