@@ -179,9 +179,8 @@ def test_declines_where_every_position_costs_a_full_forward():
     stats, model, context = decode_with_clock(lambda q, ctx: 0.010 * q)
     steps = stats.verified_per_step
     late = steps[len(steps) // 2 :]
-    # Late drafts: only the probes that re-time sizes dropped as stale (costmodel's healing): a
-    # burst of ~8 steps (min_samples timings per size) in the 71 late steps; drafting on would be ~all.
-    assert sum(1 for k in late if k) <= len(late) // 6, f"still drafting in {sum(1 for k in late if k)} late steps"
+    # Late drafts: only the probes that re-time sizes dropped as stale (costmodel's healing).
+    assert sum(1 for k in late if k) <= len(late) // 8, f"still drafting in {sum(1 for k in late if k)} late steps"
     assert stats.declined_steps > len(steps) // 2
     assert model(8, context + 150) > 6  # learnt: near 8x, not the prior's 1.4x
 

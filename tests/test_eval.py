@@ -65,7 +65,6 @@ def test_replay_counts_forwards_by_hand():
     assert result["overall"]["mat_drafted"] == pytest.approx(2.0)
 
 
-
 def test_replay_reports_the_worst_trace_that_pooled_totals_hide():
     # The hand-worked trace (4 tokens for cost 4: 1.0x) and one whose only draft is refused:
     # prefill emits 3; "2 3" occurred at 1 -> draft "4 5", "4" refused -> emits 9 (cost(3) = 2.0);
@@ -75,6 +74,7 @@ def test_replay_reports_the_worst_trace_that_pooled_totals_hide():
     overall = replay_all([even, loses], ["hf-pld"], ForwardCost(((1, 1.0), (3, 2.0))))["hf-pld"]["overall"]
     assert overall["speedup"] == pytest.approx(8 / 9)  # pooled: the loss is diluted
     assert overall["worst"] == pytest.approx(0.8) and overall["below_1x"] == 1  # 1.0x is not below 1x
+
 
 def hf_rule_by_hand(traces, cost_points, eos=2, max_ngram=2, num_tokens=10):
     """(MAT, speed-up) of transformers' prompt lookup over greedy traces, written out plainly
