@@ -28,6 +28,8 @@ def match_length_reference(stream: np.ndarray, length: int, start: int) -> int:
 
 
 def position_acceptance_reference(own, pool, prior: float, source: int, match: int, k: int) -> list[float]:
+    calibration = min(1.0, (own[3][0] + REQUEST_WEIGHT) / (own[3][1] + REQUEST_WEIGHT))  # KEPT, PREDICTED
+
     def mean(b):  # the pool's prior for bucket b (module doc)
         shortest = 0 if b == 0 else 2 ** (b - 1)
         return max(prior if b == 0 else pooled(b - 1), prior, shortest / (shortest + 1))
@@ -36,15 +38,23 @@ def position_acceptance_reference(own, pool, prior: float, source: int, match: i
         c = source * BUCKETS + b
         return (pool[0][c] + POOL_PRIOR_WEIGHT * mean(b)) / (pool[0][c] + pool[1][c] + POOL_PRIOR_WEIGHT)
 
+    def borrowed(b):  # what the request borrows from the pool, before calibration
+        c = source * BUCKETS + b
+        return (1 - own[2][c]) * pooled(b) + own[2][c] * mean(b)
+
     def estimate(b):
         c = source * BUCKETS + b
-        borrowed = (1 - own[2][c]) * pooled(b) + own[2][c] * mean(b)
-        return (own[0][c] + REQUEST_WEIGHT * borrowed) / (own[0][c] + own[1][c] + REQUEST_WEIGHT)
+        return (own[0][c] + REQUEST_WEIGHT * borrowed(b) * calibration) / (own[0][c] + own[1][c] + REQUEST_WEIGHT)
 
+    if k:
+        own[3][2] = borrowed(bucket_reference(match))  # PENDING_PREDICTION: the first position's
     return [estimate(bucket_reference(match + j)) for j in range(k)]
 
 
 def learn_reference(own, pool, source: int, match: int, kept: int, verified: int) -> None:
+    if verified:
+        own[3][0] += kept > 0  # KEPT: the first position was
+        own[3][1] += own[3][2]  # PREDICTED, when it was drafted
     for j in range(kept):
         _count(own, pool, source * BUCKETS + bucket_reference(match + j), 0)
     if kept < verified:
@@ -64,3 +74,4 @@ def fade_reference(own, source: int, match: int, memory: float) -> None:
     b = source * BUCKETS + bucket_reference(match)
     own[0][b], own[1][b] = own[0][b] * memory, own[1][b] * memory
     own[2][b] = 1 - memory * (1 - own[2][b])
+    own[3][0], own[3][1] = own[3][0] * memory, own[3][1] * memory

@@ -8,11 +8,15 @@ from hypothesis import strategies as st
 
 from ngramspec import NgramSpeculator
 from ngramspec.draft.acceptance import (
+    ACCEPTED,
     BUCKETS,
+    CALIBRATION,
     CONTESTED,
     HISTORY,
+    KEPT,
     MATCH_CAP,
     OWN,
+    PREDICTED,
     REJECTED,
     SOURCES,
     bucket,
@@ -36,8 +40,10 @@ WEIGHTS = (DraftTuning().request_weight, DraftTuning().pool_prior_weight)  # the
 POOL_WINDOW = DraftTuning().pool_window
 
 counts = st.tuples(st.lists(st.floats(0.0, 5000.0), min_size=2 * SOURCES * BUCKETS, max_size=2 * SOURCES * BUCKETS),
-                   st.lists(st.floats(0.0, 1.0), min_size=SOURCES * BUCKETS, max_size=SOURCES * BUCKETS)).map(
-    lambda c: np.array(c[0] + c[1]).reshape(3, SOURCES * BUCKETS))  # accepted, rejected, doubt
+                   st.lists(st.floats(0.0, 1.0), min_size=SOURCES * BUCKETS, max_size=SOURCES * BUCKETS),
+                   st.tuples(st.floats(0.0, 50.0), st.floats(0.0, 50.0), st.floats(0.0, 1.0))).map(
+    lambda c: np.array(c[0] + c[1] + list(c[2]) + [0.0] * (SOURCES * BUCKETS - 3)).reshape(4, SOURCES * BUCKETS))
+# rows: accepted, rejected, doubt; calibration (kept, predicted, pending prediction)
 sources = st.sampled_from([OWN, HISTORY, CONTESTED])
 
 
@@ -66,10 +72,11 @@ def test_match_length_stops_at_the_cap_and_at_the_first_difference():
 @settings(max_examples=300, deadline=None)
 @given(counts, counts, st.floats(0.01, 0.99), sources, st.integers(0, 200), st.integers(0, 40))
 def test_position_acceptance_matches_its_reference(own, pool, prior, source, match, k):
-    out = np.zeros(k)
+    out, own_ref = np.zeros(k), own.copy()
     position_acceptance(own, pool, prior, source, match, out, *WEIGHTS)
-    want = position_acceptance_reference(own, pool, prior, source, match, k)
+    want = position_acceptance_reference(own_ref, pool, prior, source, match, k)
     assert out.tolist() == pytest.approx(want, rel=1e-12)
+    assert np.allclose(own, own_ref, rtol=1e-12, atol=0)  # the first position's prediction, kept
 
 
 @settings(max_examples=300, deadline=None)
@@ -134,6 +141,33 @@ def test_the_pool_forgets_past_its_window_and_a_declined_bucket_fades_back_to_th
     learn(own, pool, OWN, 1, 1, 2, POOL_WINDOW)  # a verified draft: the pool speaks again
     position_acceptance(own, pool, 0.5, OWN, 1, out, *WEIGHTS)
     assert out[0] < 0.3
+
+
+def test_a_request_whose_first_positions_fail_more_than_predicted_is_estimated_lower_in_every_bucket():
+    """Calibration (module doc): six drafts after 1-token matches, each refused at once where
+    the pool predicted p, scale what the request borrows in every bucket by (0 + 4) / (6p + 4)
+    (request_weight 4), buckets it has no evidence of included; a request that kept every
+    first position is not raised above the pool; declines fade the calibration back."""
+    pool = new_evidence()
+    pool[ACCEPTED, :BUCKETS], pool[REJECTED, :BUCKETS] = 60.0, 20.0  # the pool's requests copied: ~0.75
+    fresh, refused, kept = np.zeros(1), new_evidence(), new_evidence()
+    position_acceptance(new_evidence(), pool, 0.5, OWN, 8, fresh, *WEIGHTS)
+    out = np.zeros(4)
+    for _ in range(6):
+        for own, outcome in ((refused, 0), (kept, 4)):
+            position_acceptance(own, pool, 0.5, OWN, 1, out, *WEIGHTS)
+            learn(own, pool.copy(), OWN, 1, outcome, 4, POOL_WINDOW)  # the pool as it was
+    predicted = refused[CALIBRATION, PREDICTED]
+    assert refused[CALIBRATION, KEPT] == 0 and predicted == pytest.approx(6 * fresh[0], rel=0.05)
+    after = np.zeros(1)
+    position_acceptance(refused, pool, 0.5, OWN, 8, after, *WEIGHTS)  # bucket 4: no own evidence there
+    assert after[0] == pytest.approx(fresh[0] * 4 / (predicted + 4), rel=1e-9) and after[0] < 0.4 < 0.7 < fresh[0]
+    position_acceptance(kept, pool, 0.5, OWN, 8, after, *WEIGHTS)
+    assert after[0] == pytest.approx(fresh[0], rel=1e-9)  # never raised: only its own buckets speak up
+    for _ in range(300):
+        fade(refused, OWN, 1, 0.97)
+    position_acceptance(refused, pool, 0.5, OWN, 8, after, *WEIGHTS)
+    assert after[0] == pytest.approx(fresh[0], rel=0.01)  # faded back: the request tries again
 
 
 def test_requests_of_one_speculator_share_the_pool():

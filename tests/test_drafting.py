@@ -196,9 +196,10 @@ def test_auto_off_declines_through_a_mismatch_stretch_and_resumes_when_copies_re
 def test_a_request_that_never_copies_retries_rarely_where_a_verify_costs_two_steps(seed):
     """A request whose every draft is refused (random tokens over 40 ids: its n-grams recur, its
     continuations do not), where verifying any draft costs ~2 plain steps (long prompts on a CPU):
-    after each refusal the request waits while its evidence fades (acceptance_memory 0.97) before
-    it retries, so it stays within 5.5% of plain decoding (replay prices every forward). With
-    the former 0.9 it retried ~3x as often and ran at 0.92x."""
+    after each refusal the request waits while its evidence and calibration fade
+    (acceptance_memory 0.97) before it retries, so it stays within 4% of plain decoding (replay
+    prices every forward; 0.95-0.96x before the calibration). With the former 0.9 it retries
+    ~2x as often and runs at 0.93-0.94x."""
     from ngramspec.cost.curves import CostCurve
     from ngramspec.draft.replay import replay
 
@@ -210,8 +211,8 @@ def test_a_request_that_never_copies_retries_rarely_where_a_verify_costs_two_ste
                              CostCurve(dear)) for memory in (0.9, default_memory)}
     default = result[default_memory]
     assert default.stats.steps_with_draft >= 1  # it does try
-    assert default.speedup >= 0.945
-    assert result[0.9].speedup < 0.935  # the measure separates the two rules
+    assert default.speedup >= 0.96
+    assert result[0.9].speedup < 0.945  # the measure separates the two rules
 
 
 def test_finishing_a_session_twice_adds_its_output_to_history_once():

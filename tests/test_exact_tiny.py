@@ -22,8 +22,8 @@ CASES = [
     dict(min_n=1, max_n=4, max_draft_tokens=8, verify_cost=((1, 1.0), (8, 1.2))),
     dict(min_n=2, max_n=3, max_draft_tokens=3, match="earliest"),
     dict(min_n=1, max_n=6, max_draft_tokens=16, payoff_sizing=False),
-    dict(min_n=3, max_n=5, max_draft_tokens=1),
-]
+    dict(min_n=3, max_n=5, max_draft_tokens=1, verify_cost=((1, 1.0), (2, 1.05))),
+]  # timed sizing in case 1 only: how much a random tiny model's request drafts then follows the machine
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -153,7 +153,10 @@ def test_left_padded_prompt_with_attention_mask(tiny_model):
 def test_other_vocab_sizes_and_float32(seed):
     model = tiny_llama(vocab_size=300, seed=seed, dtype=torch.float32)
     rng = np.random.default_rng(seed)
-    spec = NgramSpeculator()
+    # A flat fixed curve: with timed costs, how much a random tiny model's request drafts follows
+    # this machine's timings (never the output), and some runs drafted too little to test the
+    # verifier. Timed sizing is tested above.
+    spec = NgramSpeculator(verify_cost=((1, 1.0), (512, 1.0)))
     for _ in range(3):
         ids = random_prompt(rng, 300, 30)
         expected = plain_generate(model, ids, max_new_tokens=60, do_sample=False)
