@@ -132,6 +132,13 @@ MUTANTS = {
     "compile first": ("ngramspec/draft/compiling.py",
                       'os.environ.get("NGRAMSPEC_COMPILE", "background") == "foreground"', "True",
                       "tests/test_coldstart.py"),
+    # A request's calibration of the pool (issue 51): gone, raising the pool too, or never fading.
+    "uncalibrated": ("ngramspec/draft/acceptance.py", "        borrowed *= calibration\n", "",
+                     "tests/test_acceptance.py tests/test_drafting.py"),
+    "calibration raises": ("ngramspec/draft/acceptance.py", "calibration = min(1.0, ", "calibration = max(0.0, ",
+                           "tests/test_acceptance.py"),
+    "calibration unfaded": ("ngramspec/draft/acceptance.py", "    own[CALIBRATION, PREDICTED] *= memory\n", "",
+                            "tests/test_acceptance.py"),
 }
 
 

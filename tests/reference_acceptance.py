@@ -12,8 +12,9 @@ from ngramspec.draft.acceptance import BUCKETS, MATCH_CAP
 from ngramspec.draft.config import DraftTuning
 
 # The weights as the default config has them (the kernels take them from config.draft_tuning).
-REQUEST_WEIGHT, POOL_PRIOR_WEIGHT, POOL_WINDOW = (
-    DraftTuning().request_weight, DraftTuning().pool_prior_weight, DraftTuning().pool_window)
+REQUEST_WEIGHT, POOL_PRIOR_WEIGHT, POOL_WINDOW, CALIBRATION_WEIGHT = (
+    DraftTuning().request_weight, DraftTuning().pool_prior_weight, DraftTuning().pool_window,
+    DraftTuning().calibration_weight)
 
 
 def bucket_reference(match: int) -> int:
@@ -27,8 +28,10 @@ def match_length_reference(stream: np.ndarray, length: int, start: int) -> int:
     return int(differ[0]) if differ.size else int(before.shape[0])
 
 
-def position_acceptance_reference(own, pool, prior: float, source: int, match: int, k: int) -> list[float]:
-    calibration = min(1.0, (own[3][0] + REQUEST_WEIGHT) / (own[3][1] + REQUEST_WEIGHT))  # KEPT, PREDICTED
+def position_acceptance_reference(own, pool, prior: float, source: int, match: int, k: int,
+                                  calibration_weight: float = CALIBRATION_WEIGHT) -> list[float]:
+    w = calibration_weight  # 0: no calibration
+    calibration = min(1.0, (own[3][0] + w) / (own[3][1] + w)) if w else 1.0  # KEPT, PREDICTED
 
     def mean(b):  # the pool's prior for bucket b (module doc)
         shortest = 0 if b == 0 else 2 ** (b - 1)

@@ -137,7 +137,8 @@ class ReferenceSession:
         source = HISTORY if not first.own else CONTESTED if first.contested else OWN
         acceptance = np.zeros(len(tokens))
         position_acceptance(self._evidence, self._pool, self.config.acceptance_prior, source, match, acceptance,
-                            self._tuning.request_weight, self._tuning.pool_prior_weight)
+                            self._tuning.request_weight, self._tuning.pool_prior_weight,
+                            self._tuning.calibration_weight)
         if sized and self.config.payoff_sizing:
             limit = self._best_length(source, match, acceptance)
         if limit <= 0:  # a match, but drafting would not pay: a plain step ("declined")

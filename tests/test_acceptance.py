@@ -36,7 +36,7 @@ from reference_acceptance import (
     position_acceptance_reference,
 )
 
-WEIGHTS = (DraftTuning().request_weight, DraftTuning().pool_prior_weight)  # the default config's
+WEIGHTS = (DraftTuning().request_weight, DraftTuning().pool_prior_weight, DraftTuning().calibration_weight)  # default
 POOL_WINDOW = DraftTuning().pool_window
 
 counts = st.tuples(st.lists(st.floats(0.0, 5000.0), min_size=2 * SOURCES * BUCKETS, max_size=2 * SOURCES * BUCKETS),
@@ -70,11 +70,12 @@ def test_match_length_stops_at_the_cap_and_at_the_first_difference():
 
 
 @settings(max_examples=300, deadline=None)
-@given(counts, counts, st.floats(0.01, 0.99), sources, st.integers(0, 200), st.integers(0, 40))
-def test_position_acceptance_matches_its_reference(own, pool, prior, source, match, k):
+@given(counts, counts, st.floats(0.01, 0.99), sources, st.integers(0, 200), st.integers(0, 40),
+       st.sampled_from([0.0, 1.0, WEIGHTS[2]]))
+def test_position_acceptance_matches_its_reference(own, pool, prior, source, match, k, calibration_weight):
     out, own_ref = np.zeros(k), own.copy()
-    position_acceptance(own, pool, prior, source, match, out, *WEIGHTS)
-    want = position_acceptance_reference(own_ref, pool, prior, source, match, k)
+    position_acceptance(own, pool, prior, source, match, out, *WEIGHTS[:2], calibration_weight)
+    want = position_acceptance_reference(own_ref, pool, prior, source, match, k, calibration_weight)
     assert out.tolist() == pytest.approx(want, rel=1e-12)
     assert np.allclose(own, own_ref, rtol=1e-12, atol=0)  # the first position's prediction, kept
 
@@ -146,8 +147,9 @@ def test_the_pool_forgets_past_its_window_and_a_declined_bucket_fades_back_to_th
 def test_a_request_whose_first_positions_fail_more_than_predicted_is_estimated_lower_in_every_bucket():
     """Calibration (module doc): six drafts after 1-token matches, each refused at once where
     the pool predicted p, scale what the request borrows in every bucket by (0 + 4) / (6p + 4)
-    (request_weight 4), buckets it has no evidence of included; a request that kept every
-    first position is not raised above the pool; declines fade the calibration back."""
+    (calibration_weight 4), buckets it has no evidence of included; a request that kept every
+    first position is not raised above the pool; declines fade the calibration back; weight 0
+    turns it off."""
     pool = new_evidence()
     pool[ACCEPTED, :BUCKETS], pool[REJECTED, :BUCKETS] = 60.0, 20.0  # the pool's requests copied: ~0.75
     fresh, refused, kept = np.zeros(1), new_evidence(), new_evidence()
@@ -168,6 +170,9 @@ def test_a_request_whose_first_positions_fail_more_than_predicted_is_estimated_l
         fade(refused, OWN, 1, 0.97)
     position_acceptance(refused, pool, 0.5, OWN, 8, after, *WEIGHTS)
     assert after[0] == pytest.approx(fresh[0], rel=0.01)  # faded back: the request tries again
+    refused[CALIBRATION, PREDICTED] = 100.0
+    position_acceptance(refused, pool, 0.5, OWN, 8, after, *WEIGHTS[:2], 0.0)
+    assert after[0] == fresh[0]  # weight 0: the pool as it is
 
 
 def test_requests_of_one_speculator_share_the_pool():

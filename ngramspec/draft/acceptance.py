@@ -41,7 +41,7 @@ A request that copies less than the pool's requests did shows it in every bucket
 any one bucket holds ``request_weight`` positions of its own, so the request calibrates what
 it borrows across buckets (row CALIBRATION): each verified draft adds whether its first
 position was kept (KEPT) and what the borrowed estimate predicted for it (PREDICTED), and every
-borrowed estimate is scaled by min(1, (KEPT + request_weight) / (PREDICTED + request_weight)).
+borrowed estimate is scaled by min(1, (KEPT + w) / (PREDICTED + w)), w ``calibration_weight``.
 Declines fade both by ``memory``. Only down: a request that copies more than predicted soon
 outweighs the pool in its own buckets. Measured by replay (eval/results/calibration): the
 worst of the 100 shared traces 0.94x -> 0.97x plain at the CPU curve, the worst of 13
@@ -91,14 +91,17 @@ def match_length(stream, length, start):
 
 
 @njit(cache=True)
-def position_acceptance(own, pool, prior, source, match, out, request_weight, pool_prior_weight):
+def position_acceptance(own, pool, prior, source, match, out, request_weight, pool_prior_weight, calibration_weight):
     """Fill ``out`` (k,) float64 with the estimate for drafted positions 0..k-1 of a copy from
     ``source`` that continues a ``match``-token match. own, pool: (4, SOURCES * BUCKETS) float64
     (:func:`new_evidence`); where k > 0, the first position's borrowed estimate (before
     calibration) is kept in ``own``, for :func:`learn` to compare with what the target does."""
     j, k = 0, out.shape[0]
     pooled = prior
-    calibration = min(1.0, (own[CALIBRATION, KEPT] + request_weight) / (own[CALIBRATION, PREDICTED] + request_weight))
+    calibration = 1.0  # calibration_weight 0: none
+    if calibration_weight > 0:
+        calibration = min(1.0, (own[CALIBRATION, KEPT] + calibration_weight)
+                          / (own[CALIBRATION, PREDICTED] + calibration_weight))
     for b in range(BUCKETS):  # up to the last position's bucket (the chain needs every one below)
         if j == k:
             break

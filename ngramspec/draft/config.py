@@ -39,13 +39,14 @@ class DraftTuning:
         max_edits: edits one request remembers; the oldest goes.
         tree_cost_slack: tree branches take positions while the forward costs at most this
             fraction more than verifying the chain alone.
-        explore_below: with a cost model that has not timed a plain step at this context, a
-            draft whose expected gain over a plain step is below this factor gives way to a
-            plain step, which measures it.
+        explore_below: with a cost model that has not timed a plain step at this context, a draft
+            expected to gain less than this factor over a plain step gives way to one (timed).
         first_risk: plain steps a request's first drafts may lose before its own drafts have
             earned any (the loss budget, ``max_loss``; :class:`~ngramspec.draft.sizing.LossBudget`).
         request_weight: positions of a request's own evidence that weigh as much as the pooled
             estimate it starts from (:mod:`ngramspec.draft.acceptance`).
+        calibration_weight: drafts of a request that weigh as much as the pool's predictions in
+            its calibration of them (:mod:`ngramspec.draft.acceptance`; 0: no calibration).
         pool_prior_weight: positions the pooled estimate's prior weighs.
         pool_window: pooled positions per bucket past which the pool's counts halve, so it
             follows a workload that changes.
@@ -67,6 +68,7 @@ class DraftTuning:
     request_weight: float = 4.0
     pool_prior_weight: float = 2.0
     pool_window: float = 4096.0
+    calibration_weight: float = 4.0
 
     def __post_init__(self) -> None:
         """Numbers of their declared types, each at least 1, or 0 where 0 turns a rule off."""
@@ -77,7 +79,8 @@ class DraftTuning:
                 raise ValueError(f"{name} must be >= {bound}, got {getattr(self, name)!r}.")
 
 
-_MAY_BE_ZERO = ("fuzzy_below_n", "tree_cost_slack", "explore_below", "first_risk")  # 0 turns these rules off
+# 0 turns these rules off
+_MAY_BE_ZERO = ("fuzzy_below_n", "tree_cost_slack", "explore_below", "first_risk", "calibration_weight")
 
 
 @dataclass(frozen=True)
@@ -118,12 +121,10 @@ class SpeculatorConfig:
             before it was, before this speculator's requests have shown acceptance after
             matches of that length (a floor: longer matches start higher, see
             :mod:`ngramspec.draft.acceptance`).
-        acceptance_memory: decay, per declined or unverified draft, of the request's
-            evidence for that match length, so the request drifts back to the prior and tries
-            again (the speculator's pooled evidence does not fade). 0.97 (was 0.9): halfway back
-            after ~23 declines, not ~7, so a request that does not copy retries a third as often,
-            each retry a step lost where a verify costs two (long prompts on a CPU); replay:
-            worst shared trace 0.92x -> 0.94x (eval/results/acceptance_memory).
+        acceptance_memory: decay, per declined or unverified draft, of the request's evidence for
+            that match length, so it drifts back to the prior and tries again (the pool does not
+            fade). 0.97, not 0.9: halfway back after ~23 declines, not ~7, so a request that does
+            not copy retries a third as often (eval/results/acceptance_memory).
         copy_cursor: while the output copies an earlier span token by token, keep drafting
             from that span (locality) before asking the index; the cursor breaks on the first
             token that differs and the index takes over. (Replay: neutral to +0.9%.)

@@ -61,14 +61,14 @@ FRESH = np.array([0, 0, 0, -1, -1, -1, 0, 0, 0, 0, 0, -1, -1, -1, 0, 0, 0, 0, -1
 # namedtuple takes ~1.6 us: a step calls twice), and :func:`read_knobs` unpacks them.
 Knobs = namedtuple("Knobs", "min_n max_n recent copy_cursor fuzzy edit_recurrence prior memory max_tree_tokens "
                              "fuzzy_window fuzzy_context fuzzy_ahead fuzzy_below_n tree_cost_slack explore_below "
-                             "request_weight pool_prior_weight pool_window")
+                             "request_weight pool_prior_weight pool_window calibration_weight")
 
 
 @njit(cache=True)
 def read_knobs(v):
     """The Knobs packed in ``v`` (float64, in Knobs' order)."""
     return Knobs(int(v[0]), int(v[1]), v[2] != 0, v[3] != 0, v[4] != 0, v[5] != 0, v[6], v[7], int(v[8]), int(v[9]),
-                 int(v[10]), int(v[11]), int(v[12]), v[13], v[14], v[15], v[16], v[17])
+                 int(v[10]), int(v[11]), int(v[12]), v[13], v[14], v[15], v[16], v[17], v[18])
 
 
 # inline="always" (both kernels): vLLM's loop over rows (draft_row) takes their bodies rather
@@ -189,7 +189,7 @@ def propose_slot(s, limit, wanted, sized, needs_baseline, costs, tree_costs, str
     match = match_length(stream, length, start) if own else first_match
     source = HISTORY if not own else CONTESTED if contested else OWN
     position_acceptance(evidence[s], pool, knobs.prior, source, match, estimates[:drafted], knobs.request_weight,
-                        knobs.pool_prior_weight)
+                        knobs.pool_prior_weight, knobs.calibration_weight)
     if sized:
         limit = _best_length(evidence[s], source, match, estimates[:drafted], costs, needs_baseline, knobs)
     if limit <= 0:  # a match, but drafting would not pay: a plain step ("declined")
@@ -282,7 +282,8 @@ class SessionTable:
                            config.fuzzy_resync, config.edit_recurrence, float(config.acceptance_prior),
                            float(config.acceptance_memory), config.max_tree_tokens, t.fuzzy_window, t.fuzzy_context,
                            t.fuzzy_ahead, t.fuzzy_below_n, float(t.tree_cost_slack), float(t.explore_below),
-                           float(t.request_weight), float(t.pool_prior_weight), float(t.pool_window))
+                           float(t.request_weight), float(t.pool_prior_weight), float(t.pool_window),
+                           float(t.calibration_weight))
         self.knob_values = np.array(self.knobs, dtype=np.float64)  # as compiled calls take them
         self.pool = new_evidence() if pool is None else pool  # (3, SOURCES * BUCKETS), shared by every slot
         self.indexes = List.empty_list(INDEX)  # each slot's (stream, table)
