@@ -285,7 +285,7 @@ class SessionTable:
                            float(t.request_weight), float(t.pool_prior_weight), float(t.pool_window),
                            float(t.calibration_weight))
         self.knob_values = np.array(self.knobs, dtype=np.float64)  # as compiled calls take them
-        self.pool = new_evidence() if pool is None else pool  # (3, SOURCES * BUCKETS), shared by every slot
+        self.pool = new_evidence() if pool is None else pool  # (4, SOURCES * BUCKETS), shared by every slot
         self.indexes = List.empty_list(INDEX)  # each slot's (stream, table)
         self.state = np.zeros((0, COLUMNS), dtype=np.int64)
         self.evidence = np.zeros((0,) + self.pool.shape)
