@@ -139,6 +139,14 @@ MUTANTS = {
                            "tests/test_acceptance.py"),
     "calibration unfaded": ("ngramspec/draft/acceptance.py", "    own[CALIBRATION, PREDICTED] *= memory\n", "",
                             "tests/test_acceptance.py"),
+    # The index's single occurrences (issue 51: memory): no promotion when a suffix recurs, or a
+    # query that stops at a single n-gram instead of comparing the longer ones there.
+    "no promotion": ("ngramspec/draft/index.py",
+                     "                _insert(tokens, once, n + 1, _key_at(tokens, once, n + 1), slots)\n",
+                     "                pass\n", "tests/test_index.py"),
+    "single not extended": ("ngramspec/draft/index.py",
+                            "            best_n = _longer_at(tokens, _last(slot), key, n, top)\n",
+                            "            pass\n", "tests/test_index.py"),
 }
 
 

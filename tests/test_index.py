@@ -74,17 +74,37 @@ def test_long_streams_grow_and_still_match(length):
 
 @pytest.mark.parametrize("sized", ["capacity", "at once", "grown"])
 def test_memory_per_token_is_bounded(sized):
-    """The worst case for memory is random text (every n-gram new): at most 80 bytes per token for
-    the default n-gram sizes where the index was sized for it or the stream came at once (a
-    prompt: sized to it and 1/32 more), 110 where it grew a few hundred tokens at a time."""
+    """Random text is the worst case for memory (nothing recurs): its n-grams longer than the
+    shortest get no slot (they occurred once, where the shortest did), so it takes ~1 slot a
+    token: at most 24 bytes per token whether it came at once or grew a few hundred tokens at a
+    time. An index given a capacity holds any text of that size without growing (up to one slot
+    per n-gram size a token, 80 bytes a token here)."""
     stream = np.random.default_rng(1).integers(0, 49_152, size=200_000).astype(np.int32)
     index = NgramIndex(1, 6, capacity=stream.size if sized == "capacity" else 16)
+    arrays = index.tokens.ctypes.data, index.slots.ctypes.data
     for chunk in np.array_split(stream, 500 if sized == "grown" else 1):
         index.append(chunk)
     assert index.length == stream.size
-    assert index.nbytes <= (110 if sized == "grown" else 80) * stream.size, index.nbytes / stream.size
+    assert index.nbytes <= (80 if sized == "capacity" else 24) * stream.size, index.nbytes / stream.size
+    if sized == "capacity":
+        assert (index.tokens.ctypes.data, index.slots.ctypes.data) == arrays
     index.append(stream[5_000:5_006])  # still answers: the 6-gram recurs
     assert index.longest_match() == (6, 5_006)
+
+
+def test_a_single_occurrence_answers_for_its_longer_ngrams():
+    """(3 4) occurred once, so (2 3 4) and (1 2 3 4) have no slot of their own; a suffix ending
+    in them still matches them, up to max_n, and a differing token before stops the match. When
+    (3 4) recurs, the 3-gram at its first occurrence gets its slot and keeps both ends."""
+    index = NgramIndex(2, 4)
+    index.append(np.array([1, 2, 3, 4, 5, 1, 2, 3, 4], dtype=np.int32))  # (3 4) recurs at the end
+    # (1 2) (2 3) (3 4) (4 5) (5 1); (1 2) recurred: (5 1 2); (2 3) recurred: (1 2 3) where it
+    # first ended (promoted, then found again), then (5 1 2 3). Every n-gram would be 15 slots.
+    assert index._used == 8
+    assert index.matches().tolist() == [[4, 4, 4], [3, 4, 4], [2, 4, 4]]
+    index.append(np.array([9], dtype=np.int32))  # (3 4) ends at 3 and at 8 now
+    index.append(np.array([7, 3, 4], dtype=np.int32))
+    assert index.matches().tolist() == [[2, 4, 9]]  # (9 7 3 4) and (7 3 4) never occurred before
 
 
 def test_positions_past_the_limit_are_refused(monkeypatch):

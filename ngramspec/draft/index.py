@@ -2,38 +2,36 @@
 
 The index answers one question per decode step: *the text ends in some n-gram; where did that
 n-gram occur before, and what followed it?* It keeps an open-addressing hash table that maps
-every n-gram (n in [min_n, max_n]) to the end position of its earliest and latest occurrence.
+n-grams (n in [min_n, max_n]) to the end position of their earliest and latest occurrence.
 
 An n-gram is inserted only once the token after it exists, so every stored occurrence has a
-continuation and the current suffix never matches itself. Appending one token therefore
-inserts the ``max_n - min_n + 1`` n-grams that end just before it: O(max_n) hashing plus
-O(max_n) token comparisons per probe (none once a shorter one proved new: a longer one cannot
-be stored either), independent of how long the text already is (the table
-grows 1.5x past 70% load, an amortised O(1)). A query probes the suffixes ending at the last
-token from the shortest up and stops at the first that never occurred (nor did any longer one):
-O(max_n^2), also independent of the text length.
+continuation and the current suffix never matches itself. Only n-grams whose one-shorter suffix
+recurred get a slot (and every min_n-gram): where a suffix occurred once, any longer n-gram
+ending in it occurred there or nowhere, which comparing the tokens before that one occurrence
+tells (:func:`_longer_at`). When such a suffix recurs, the longer n-gram at its first occurrence
+gets its slot (a *promotion*). Appending one token probes from the shortest n-gram ending before
+it up, and stops at the first new one: O(max_n) probes and hashing, independent of how long
+the text already is (the table grows 1.5x past 70% load, an amortised O(1)). A query probes the
+suffixes from the shortest up and stops at the first absent or single one: O(max_n^2).
 
-Memory: one 8-byte slot per stored n-gram at up to 70% load, plus 4 bytes per token. Random
-text, the worst case, stores nearly every n-gram: with min_n=1, max_n=6 that is 73 bytes per
-token where the index was sized for its text (a session's ``capacity``), 75 where a long prompt
-came at once (sized to it and 1/32 more, :func:`_grown`), and 73-110 while a text grows a few
-tokens at a time; a repetitive text stores fewer. Growing holds the old and the new array at
-once: a text grown by decoding peaks at 2.5 times the table it outgrew (up to ~180 bytes per
-token; 116 at 1M tokens), a prompt indexed at once at its size. Peak RSS per token of context
-and the step time (~12 us per propose + extend at 128k and at 1M tokens of context on a 2-core
-CPU): ``python -m eval drafter --memory``.
+Memory: one 8-byte slot per stored n-gram at up to 70% load, plus 4 bytes per token. Text
+stores ~1.05 n-grams per token where it never repeats (random tokens), 1.3-1.6 on the shared
+documents with min_n=1, max_n=6 (it was max_n - min_n + 1 = 6 before promotions): 18-21 bytes
+per token of random text, ~30 at peak while the table grows (the old array and the 1.5x new one
+at once). Peak RSS per token of context and the step time: ``python -m eval drafter --memory``.
 
 Worked example, min_n=1, max_n=3, tokens ``[5 6 7 5 6]`` (positions 0..4)::
 
-    stored (n-gram -> end positions):  (5)->0,3  (6)->1  (7)->2  (5 6)->1  (6 7)->2
-                                       (7 5)->3  (5 6 7)->2  (6 7 5)->3
-    query: suffix (6)? ends at 1.  (5 6)? ends at 1.  (7 5 6)? absent: stop.
+    stored (n-gram -> end positions):  (5)->0,3  (6)->1  (7)->2  (7 5)->3
+      (5 6), (6 7), (5 6 7), (6 7 5) are not: (5) was single until position 3, (6) and (7) are
+    query: suffix (6)? ends at 1, once: compare backwards, tokens[0] = 5 matches: (5 6) ends at
+           1 too; tokens[-1] does not exist: stop.
            the longest, (5 6), ended at 1 -> continuation starts at 2: [7 5 6]
     result: match_len=2, start=2 (the latest and the earliest occurrence agree here)
 
 Kernels are pure functions over int32/int64 arrays, compiled with ``cache=True`` so a new
 process loads them from disk instead of re-running the JIT. Their slow, obviously-correct
-reference (a dict of tuples) is ``tests/reference_index.py``; a Hypothesis test
+reference (a dict of every n-gram's tuple) is ``tests/reference_index.py``; a Hypothesis test
 (``tests/test_index.py``) pins every kernel, through :class:`NgramIndex`, to it.
 """
 
@@ -46,7 +44,7 @@ from numba import njit
 # position (28 bits). No hash is stored: a probe compares the stored n and then the tokens
 # themselves (at the slot's last occurrence), which also rules out hash collisions. 8 bytes a
 # slot at a load of at most MAX_LOAD keep the table at 11.4-18 bytes per stored n-gram (grown
-# 1.5x past it, _grown); random text stores about max_n - min_n + 1 of them per token.
+# 1.5x past it, _grown_table).
 EMPTY = np.uint64(0)
 N_BITS, POS_BITS = 7, 28
 N_MASK, POS_MASK = np.uint64((1 << N_BITS) - 1), np.uint64((1 << POS_BITS) - 1)
@@ -55,15 +53,6 @@ MAX_LOAD = 0.7  # linear probing: ~2 slots read per hit, ~6 per miss, in one or 
 GROWTH = 1.5
 HEADROOM = 32  # past what a long append needs: 1/32 of it more, and ROOM tokens (_grown)
 ROOM = 256
-
-
-@njit(cache=True, inline="always")
-def _mix(h, token):
-    # splitmix64-style finaliser over (previous hash, token): cheap and well spread.
-    z = (h ^ np.uint64(token)) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(0x632BE59BD9B4E019)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 @njit(cache=True, inline="always")
@@ -112,50 +101,46 @@ def _same_ngram(tokens, end_a, key, end_b, n):
 
 @njit(cache=True)
 def _insert(tokens, end, n, h, slots):
-    """Record that the n-gram ending at ``end`` occurred there. Returns 1 if it used a new slot."""
+    """Record that the n-gram ending at ``end`` occurred there. Returns EMPTY if it took a new
+    slot, else its slot as it was (its earlier occurrences)."""
     size = slots.shape[0]
     i = _home(h, size)
     while True:
         slot = slots[i]
         if slot == EMPTY:
             slots[i] = _pack(n, end, end)
-            return 1
+            return EMPTY
         if _n(slot) == n and _same_ngram(tokens, _last(slot), tokens, end, n):
             slots[i] = _pack(n, _first(slot), end)
-            return 0
+            return slot
         i += 1
         if i == size:
             i = 0
 
 
-@njit(cache=True)
-def _place(end, n, h, slots):
-    """Record the first occurrence of an n-gram known to be absent (ending at ``end``): the
-    first empty slot from its home, with no comparison on the way."""
-    size = slots.shape[0]
-    i = _home(h, size)
-    while slots[i] != EMPTY:
-        i += 1
-        if i == size:
-            i = 0
-    slots[i] = _pack(n, end, end)
+@njit(cache=True, inline="always")
+def _key_at(tokens, end, n):
+    """The key of the n-gram ending at ``end``, grown from its last token back (as appends do)."""
+    h = np.uint64(0)
+    for k in range(n):
+        h = _grow_key(h, tokens[end - k])
+    return h
 
 
 @njit(cache=True)
-def index_append(tokens, length, new_tokens, min_n, max_n, slots):
-    """Append ``new_tokens`` to ``tokens[:length]`` and index the n-grams they complete.
-
-    ``tokens`` must have room for ``length + len(new_tokens)`` tokens and the table room for
-    ``len(new_tokens) * (max_n - min_n + 1)`` new slots below MAX_LOAD (the caller checks).
-    Returns the number of slots newly used.
-    """
-    used = 0
-    for t in range(new_tokens.shape[0]):
+def index_append(tokens, length, new_tokens, done, min_n, max_n, slots, used):
+    """Append ``new_tokens[done:]`` at ``tokens[length + done:]`` (room for all of them) and
+    index the n-grams they complete, while the table keeps room below MAX_LOAD for the most one
+    token can add (one slot per n). ``used``: slots in use. Returns ``(appended, used)``: how
+    many of ``new_tokens`` are appended now, and the slots in use."""
+    room = MAX_LOAD * slots.shape[0] - (max_n - min_n + 1)
+    for t in range(done, new_tokens.shape[0]):
+        if used > room:
+            return t, used
         pos = length + t
         tokens[pos] = new_tokens[t]
         end = pos - 1  # the n-grams ending here just gained a continuation
         h = np.uint64(0)
-        absent = False  # an n-gram ending here occurred nowhere before: nor did any longer one
         for n in range(1, max_n + 1):
             start = end - n + 1
             if start < 0:
@@ -163,20 +148,25 @@ def index_append(tokens, length, new_tokens, min_n, max_n, slots):
             h = _grow_key(h, tokens[start])
             if n < min_n:
                 continue
-            if absent:  # its probe would compare tokens all the way to an empty slot
-                _place(end, n, h, slots)
+            before = _insert(tokens, end, n, h, slots)
+            if before == EMPTY:  # new: so is every longer n-gram ending here, and they stay implicit
                 used += 1
-            else:
-                absent = _insert(tokens, end, n, h, slots) == 1
-                used += absent
-    return used
+                break
+            once = _last(before)
+            if _first(before) == once and n < max_n and once >= n:
+                # Its only earlier occurrence, ending at `once`, stops being single: the n+1-gram
+                # ending there, implicit so far (absent from the table), gets its slot.
+                _insert(tokens, once, n + 1, _key_at(tokens, once, n + 1), slots)
+                used += 1
+    return new_tokens.shape[0], used
 
 
 @njit(cache=True, inline="always")  # a body, not a call, in every row of a step (sessions.extend_slot)
 def index_extend(tokens, slots, length, used, new_tokens, min_n, max_n):
-    """:func:`index_append`, first growing the stream (to fit) and the table (past MAX_LOAD) to
-    :func:`_grown` sizes. ``used``: slots in use. Returns ``(tokens, slots, used)``: the arrays,
-    new ones where they grew, and the slots now in use."""
+    """:func:`index_append` of every token of ``new_tokens``, first growing the stream to fit
+    (:func:`_grown`), and the table whenever it has no room left (:func:`_grown_table`).
+    ``used``: slots in use. Returns ``(tokens, slots, used)``: the arrays, new ones where they
+    grew, and the slots now in use."""
     count = new_tokens.shape[0]
     if length + count > MAX_POSITIONS:
         raise ValueError("an n-gram index holds at most 268,435,456 tokens")
@@ -185,14 +175,24 @@ def index_extend(tokens, slots, length, used, new_tokens, min_n, max_n):
         for i in range(length):  # not a slice assignment, whose shape-check path compiles for ~1.5 s
             grown[i] = tokens[i]
         tokens = grown
-    per_token = max_n - min_n + 1
-    worst = used + count * per_token
-    if worst > MAX_LOAD * slots.shape[0]:
-        grown_slots = np.zeros(max(int(GROWTH * slots.shape[0]), table_size(_grown(0, worst, ROOM * per_token))),
+    done, used = index_append(tokens, length, new_tokens, 0, min_n, max_n, slots, used)
+    while done < count:
+        grown_slots = np.zeros(_grown_table(slots.shape[0], used, length + done, count - done, max_n - min_n + 1),
                                dtype=np.uint64)
         index_rehash(tokens, slots, grown_slots)
         slots = grown_slots
-    return tokens, slots, used + index_append(tokens, length, new_tokens, min_n, max_n, slots)
+        done, used = index_append(tokens, length, new_tokens, done, min_n, max_n, slots, used)
+    return tokens, slots, used
+
+
+@njit(cache=True)
+def _grown_table(size, used, indexed, remaining, per_token):
+    """The new size of a full table (``size`` slots, ``used`` by ``indexed`` tokens, with
+    ``remaining`` tokens of an append to go): GROWTH times it, or what the rest of a long append
+    needs at the slots per token seen so far (with :func:`_grown`'s headroom), at most 4x at once
+    (an early rate may be off; the next growth sees a later one)."""
+    needed = used + int(remaining * used / max(indexed, 1))
+    return max(int(GROWTH * size), min(table_size(_grown(0, needed, ROOM * per_token)), 4 * size))
 
 
 @njit(cache=True)
@@ -203,17 +203,6 @@ def _grown(size, needed, room):
     at once decodes HEADROOM-th of its length, at least ROOM tokens, before the first rehash,
     and costs ~3% over its size, where GROWTH would cost 50%)."""
     return max(int(GROWTH * size), needed + needed // HEADROOM + room)
-
-
-@njit(cache=True)
-def _suffix_hashes(key, top):
-    """hashes[n] = hash of the last n tokens of ``key``, n = 1..top (built from the end)."""
-    hashes = np.empty(top + 1, dtype=np.uint64)
-    h = np.uint64(0)
-    for n in range(1, top + 1):
-        h = _grow_key(h, key[key.shape[0] - n])
-        hashes[n] = h
-    return hashes
 
 
 @njit(cache=True)
@@ -238,16 +227,15 @@ def index_find(tokens, key, min_n, max_n, prefer_recent, slots):
     indexed stream. Returns ``(n, start, other)``: the match length, the position where the
     continuation of the chosen earlier occurrence starts, and that of the other one kept (the
     earliest where the latest is chosen, and the reverse; ``start`` itself where the n-gram
-    occurred once); ``(0, -1, -1)`` when none did. ``key`` may be the stream itself (see
-    :func:`index_longest_match`) or another request's text (a shared history answers such
-    queries in O(max_n^2), whatever its size).
-
-    The suffixes are probed from the shortest up, each hash extending the last, and the first
-    that never occurred ends the search: a longer suffix contains it, so it never occurred
-    either (and no hash array is allocated)."""
+    occurred once); ``(0, -1, -1)`` when none did. ``key`` may be the stream itself (never
+    matching itself: its last n-grams are not indexed until the next token exists) or another
+    request's text (a shared history answers such queries in O(max_n^2), whatever its size).
+    The suffixes are probed from the shortest up, each hash extending the last, until one never
+    occurred (nor did any longer one) or occurred once (longer ones: :func:`_longer_at`)."""
     last = key.shape[0] - 1
+    top = min(max_n, key.shape[0])
     h, best, best_n = np.uint64(0), EMPTY, 0
-    for n in range(1, min(max_n, key.shape[0]) + 1):
+    for n in range(1, top + 1):
         h = _grow_key(h, key[last - n + 1])
         if n < min_n:
             continue
@@ -255,6 +243,9 @@ def index_find(tokens, key, min_n, max_n, prefer_recent, slots):
         if slot == EMPTY:
             break
         best, best_n = slot, n
+        if _first(slot) == _last(slot):  # it occurred once: longer ones there or nowhere
+            best_n = _longer_at(tokens, _last(slot), key, n, top)
+            break
     if best_n == 0:
         return 0, -1, -1
     if prefer_recent:
@@ -262,17 +253,14 @@ def index_find(tokens, key, min_n, max_n, prefer_recent, slots):
     return best_n, _first(best) + 1, _last(best) + 1
 
 
-@njit(cache=True)
-def index_longest_match(tokens, length, min_n, max_n, prefer_recent, slots):
-    """Longest suffix of ``tokens[:length]`` (n in [min_n, max_n]) that occurred earlier.
-
-    Returns ``(n, start, other)``: the match length, the position where the continuation of
-    the chosen earlier occurrence starts (``tokens[start]`` followed the n-gram there) and that
-    of the other occurrence kept (:func:`index_find`); ``(0, -1, -1)`` when no suffix of at
-    least ``min_n`` tokens occurred before. (The suffix itself is never indexed yet, since its
-    next token does not exist: no self-match.)
-    """
-    return index_find(tokens, tokens[:length], min_n, max_n, prefer_recent, slots)
+@njit(cache=True, inline="always")
+def _longer_at(tokens, end, key, n, top):
+    """How far (up to ``top``) ``key``'s suffix goes on matching backwards from ``end``, where its
+    n-gram occurred once: the longer ones are not stored, and occurred there or nowhere."""
+    last = key.shape[0] - 1
+    while n < top and end >= n and tokens[end - n] == key[last - n]:
+        n += 1
+    return n
 
 
 @njit(cache=True)
@@ -283,15 +271,24 @@ def index_matches(tokens, length, min_n, max_n, slots, out):
     candidate continuations for one verification pass (a token tree)."""
     key = tokens[:length]
     top = min(max_n, length)
-    hashes = _suffix_hashes(key, top)
-    rows = 0
-    for n in range(top, min_n - 1, -1):
-        slot = _probe(tokens, key, n, hashes[n], slots)
-        if slot != EMPTY:
-            out[rows, 0] = n
-            out[rows, 1] = _first(slot) + 1
-            out[rows, 2] = _last(slot) + 1
+    h, rows = np.uint64(0), 0
+    for n in range(1, top + 1):  # shortest first (as index_find), then reversed
+        h = _grow_key(h, key[length - n])
+        if n < min_n:
+            continue
+        slot = _probe(tokens, key, n, h, slots)
+        if slot == EMPTY:
+            break
+        first, latest = _first(slot), _last(slot)
+        longest = _longer_at(tokens, latest, key, n, top) if first == latest else n
+        for m in range(n, longest + 1):
+            out[rows, 0], out[rows, 1], out[rows, 2] = m, first + 1, latest + 1
             rows += 1
+        if first == latest:  # the longer ones are not stored (_longer_at)
+            break
+    for i in range(rows // 2):
+        for k in range(3):
+            out[i, k], out[rows - 1 - i, k] = out[rows - 1 - i, k], out[i, k]
     return rows
 
 
@@ -304,11 +301,7 @@ def index_rehash(tokens, slots, new_slots):
         slot = slots[j]
         if slot == EMPTY:
             continue
-        n, end = _n(slot), _last(slot)
-        h = np.uint64(0)
-        for k in range(n):
-            h = _grow_key(h, tokens[end - k])
-        i = _home(h, size)
+        i = _home(_key_at(tokens, _last(slot), _n(slot)), size)
         while new_slots[i] != EMPTY:
             i += 1
             if i == size:
@@ -317,7 +310,8 @@ def index_rehash(tokens, slots, new_slots):
 
 
 class NgramIndex:
-    """The token stream of one request plus its n-gram table (owns the arrays the kernels use)."""
+    """The token stream of one request plus its n-gram table (owns the arrays the kernels use),
+    both sized for ``capacity`` tokens of any text at once (never growing below it)."""
 
     def __init__(self, min_n: int, max_n: int, capacity: int = 1024, prefer_recent: bool = True):
         self.min_n, self.max_n, self.prefer_recent = int(min_n), int(max_n), bool(prefer_recent)
@@ -361,8 +355,8 @@ class NgramIndex:
         ``continuation_start`` where it occurred once; ``(0, -1, -1)`` if none."""
         if self.length == 0:
             return 0, -1, -1
-        n, start, other = index_longest_match(self.tokens, self.length, self.min_n, self.max_n,
-                                              self.prefer_recent, self.slots)
+        n, start, other = index_find(self.tokens, self.tokens[: self.length], self.min_n, self.max_n,
+                                     self.prefer_recent, self.slots)
         return int(n), int(start), int(other)
 
     def find(self, key: np.ndarray) -> tuple[int, int]:

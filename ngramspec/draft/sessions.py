@@ -39,7 +39,7 @@ from numba.typed import List
 from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
 from .candidates import candidates, continuation, found_rows
 from .edits import learn_edit, new_edits
-from .index import index_extend, table_size
+from .index import index_extend
 from .sizing import padded_lengths
 from .tree import add_branch, tree_budget
 
@@ -315,14 +315,14 @@ class SessionTable:
 
     def new(self, prompt_length: int, capacity: int = 0) -> int:
         """An empty slot for a request whose first ``prompt_length`` tokens are its prompt (they
-        arrive with the slot's first extend). ``capacity``: tokens its arrays are sized for at
-        once (no growth, no rehash below it), where it exceeds the prompt."""
+        arrive with the slot's first extend). ``capacity``: tokens its stream is sized for at
+        once (never copied below it), where it exceeds the prompt; its n-gram table grows with
+        what the text stores (:func:`~ngramspec.draft.index.index_extend`)."""
         if not self.free:
             self._grow(2 * self.state.shape[0])
         s = self.free.pop()
-        if capacity > max(prompt_length, 16):
-            _size_slot(self.indexes, s, capacity,
-                       table_size(capacity * (self.config.max_n - self.config.min_n + 1)))
+        if capacity > max(prompt_length, 16):  # the stream only: the table grows with what it stores
+            _size_slot(self.indexes, s, capacity, 16)
         self.state[s] = FRESH
         self.state[s, PROMPT] = prompt_length
         self.evidence[s] = 0.0

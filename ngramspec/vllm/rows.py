@@ -10,7 +10,6 @@ from collections import OrderedDict
 import numpy as np
 from numba import njit
 
-from ..draft.index import _mix
 from ..draft.sessions import ACTIVE, LENGTH, STAMP, SessionTable
 from ..draft.speculator import NgramSpeculator
 
@@ -20,6 +19,15 @@ from ..draft.speculator import NgramSpeculator
 # they cost O(1) per row, yet a session never drafts for a row whose text it does not prefix
 # for long (a random probe catches any persistent difference sooner or later).
 HEAD, TAIL, PROBES = 16, 32, 8
+
+
+@njit(cache=True, inline="always")
+def _mix(h, token):
+    # splitmix64-style finaliser over (previous hash, token): cheap and well spread.
+    z = (h ^ np.uint64(token)) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(0x632BE59BD9B4E019)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 class RowSessions:
