@@ -139,6 +139,9 @@ MUTANTS = {
                            "tests/test_acceptance.py"),
     "calibration unfaded": ("ngramspec/draft/acceptance.py", "    own[CALIBRATION, PREDICTED] *= memory\n", "",
                             "tests/test_acceptance.py"),
+    # Engine steps filed in raw seconds: a window of draining rows fits their plain steps' spread.
+    "steps unnormalized": ("ngramspec/cost/steps.py", "[step[3] / plain for step in run]", "[step[3] for step in run]",
+                           "tests/test_costmodel.py"),
     # The index's single occurrences (issue 51: memory): no promotion when a suffix recurs, or a
     # query that stops at a single n-gram instead of comparing the longer ones there.
     "no promotion": ("ngramspec/draft/index.py",

@@ -338,6 +338,24 @@ def test_engine_steps_learn_their_scale_per_context():
     assert model.step_scale(1, 6000) == pytest.approx(3.0, rel=0.05)  # an unmeasured context: the nearest
 
 
+def test_a_window_of_draining_rows_learns_the_drafts_cost_not_the_rows():
+    """As requests finish, a 16-request engine steps through 11, 10, 9, 8 rows, a few steps
+    each, all in one window (a half-octave of row counts), while the drafts grow as rows fall.
+    Plain steps of 11 and of 8 rows differ by more than those drafts cost: the line through raw
+    seconds read 0.5 in the engine's simulation where drafts cost 4x the prior's excess. Each
+    step's seconds per the prior's plain step of its rows must give 4."""
+    prior = CostPrior(((1, 500, ((1, 1.0), (9, 1.4), (25, 2.2))), (16, 500, ((16, 4.0), (32, 4.4), (64, 6.0)))))
+    model = OnlineCost(prior)
+    context = OnlineCost.context_of(OnlineCost.bucket(600))
+    assert len({(OnlineCost.bucket(64 * rows)) for rows in (8, 9, 10, 11)}) == 1  # one window
+    for step in range(24):
+        rows = 11 - step // 6
+        tokens = rows + 1 + step % 3 + 2 * (11 - rows)  # longer drafts as rows fall
+        excess = prior.relative(tokens, context, rows) - 1
+        model.observe_step(tokens, context, rows, 0.01 * float(prior.cost(rows, context, rows)) * (1 + 4 * excess))
+    assert model.step_scale(8, context) == pytest.approx(4.0, rel=0.05)
+
+
 def test_steps_crowded_at_small_drafts_do_not_make_long_drafts_look_free():
     """An engine's true cost curve is more convex than the prior it scales (vLLM one request
     at a time on 2 cores: 1-4 token drafts cost about a plain step, 24 tokens +110%), and most
@@ -360,8 +378,8 @@ def test_steps_crowded_at_small_drafts_do_not_make_long_drafts_look_free():
 def test_engine_steps_join_their_windows_in_order_with_the_priors_excess():
     """observe_step notes a step and files it when a line is next fitted: every window must
     then hold what filing each step at once would (the prior's excess for its total, its
-    seconds), in the order they came, with row counts and contexts mixed and one of them
-    unseen until then."""
+    seconds per the prior's plain step of its rows), in the order they came, with row counts
+    and contexts mixed and one of them unseen until then."""
     prior = CostPrior(((1, 500, ((1, 1.0), (9, 1.4), (25, 2.2))), (4, 500, ((4, 1.0), (40, 2.0)))))
     model = OnlineCost(prior)
     rng = np.random.default_rng(1)
@@ -371,12 +389,13 @@ def test_engine_steps_join_their_windows_in_order_with_the_priors_excess():
         tokens, seconds = rows + int(rng.integers(0, 40)), float(rng.uniform(0.01, 0.02))
         model.observe_step(tokens, context, rows, seconds)
         window = (OnlineCost.bucket(64 * rows), OnlineCost.bucket(context) // 2)
-        excess = prior.relative(tokens, OnlineCost.context_of(OnlineCost.bucket(context)), rows) - 1
-        want.setdefault(window, []).append((excess, seconds))
+        half_octave = OnlineCost.context_of(OnlineCost.bucket(context))
+        excess = prior.relative(tokens, half_octave, rows) - 1
+        want.setdefault(window, []).append((excess, seconds / float(prior.cost(rows, half_octave, rows))))
     assert sorted(model.step_windows()) == sorted(want)
     for window, steps in want.items():
         got = list(model._steps[window])
-        assert [s for _, s in got] == [s for _, s in steps[-model.tuning.step_window:]]
+        assert np.allclose([s for _, s in got], [s for _, s in steps[-model.tuning.step_window:]], rtol=1e-12)
         assert np.allclose([x for x, _ in got], [x for x, _ in steps[-model.tuning.step_window:]], rtol=1e-12)
 
 

@@ -7,14 +7,15 @@ would never fill. Each timed step instead joins the window of its row count's ha
 its context's octave as (x, seconds), x being the prior's excess cost of its total (prior - 1).
 Context has its own windows because the plain step's time a grows with it: one line through
 steps of a 300-token and a 3,000-token request (one request at a time, a few dozen steps each)
-would measure their difference, not the drafts' cost. A robust line through the window
-(Theil-Sen: the median of pairwise slopes b, then the median intercept a, the plain step's
-time) gives the excess scale b / a. A load that slows every step alike scales a and b alike
-and leaves it unchanged; the window keeps the newest steps, so a changed machine or load is
-learned within step_window steps. A window with no line yet borrows the nearest one's: the
-same context with other row counts, then the nearest contexts (up to step_context_reach
-octaves away). Where no line is measured yet, one step in explore_every is sized
-optimistically (:class:`~ngramspec.cost.costmodel.CostModelTuning`).
+would measure their difference, not the drafts' cost; for the same reason a step's seconds
+are divided by the prior's plain step of its row count (a window spans a half-octave of them).
+A robust line through the window (Theil-Sen: the median of pairwise slopes b, then the median
+intercept a, the plain step's time) gives the excess scale b / a. A load that slows every step
+alike scales a and b alike and leaves it unchanged; the window keeps the newest steps, so a
+changed machine or load is learned within step_window steps. A window with no line yet borrows
+the nearest one's: the same context with other row counts, then the nearest contexts (up to
+step_context_reach octaves away). Where no line is measured yet, one step in explore_every is
+sized optimistically (:class:`~ngramspec.cost.costmodel.CostModelTuning`).
 
 An engine calls :meth:`EngineSteps.observe_step` and :meth:`EngineSteps.step_costs` every step,
 between its forwards, so both are cheap there: a step is noted as it comes (~0.4 us) and filed
@@ -45,6 +46,7 @@ class EngineSteps:
         self._steps: dict[tuple[int, int], deque] = {}  # engine steps: _step_key -> (x, seconds)
         self._step_scales: dict[tuple[int, int], tuple[int, float | None]] = {}  # _step_key -> (at, scale)
         self._step_tables: dict[tuple, np.ndarray] = {}  # (rows, positions, bucket, scale) -> costs
+        self._plain_steps: dict[tuple[int, int], float] = {}  # (rows, bucket) -> _plain_step
         # the last step_costs answer that holds until a refit: ((rows, positions, bucket), due, measured, costs)
         self._step_memo: tuple = ((), 0, False, None)
         self.steps_observed = 0
@@ -61,9 +63,10 @@ class EngineSteps:
             self._file_steps()
 
     def _file_steps(self) -> None:
-        """Every noted step joins its window as (the prior's excess for its total, seconds), in
-        the order they came: one prior read per run of steps with the same row count and context
-        half-octave (an engine's steps come in long runs)."""
+        """Every noted step joins its window as (the prior's excess for its total, seconds per
+        the prior's plain step of its rows, :meth:`_plain_step`), in the order they came: one
+        prior read per run of steps with the same row count and context half-octave (an
+        engine's steps come in long runs)."""
         noted, self._noted = self._noted, []
         start = 0
         while start < len(noted):
@@ -73,13 +76,26 @@ class EngineSteps:
                 end += 1
             run = noted[start:end]
             excess = self._prior(np.array([step[0] for step in run]), context, rows) - 1
+            plain = self._plain_step(rows, bucket)
             key = (self.bucket(64 * rows), bucket // 2)  # _step_key
             with self._lock:
                 window = self._steps.get(key)
                 if window is None:
                     window = self._steps[key] = deque(maxlen=self.tuning.step_window)
-                window.extend(zip(excess.tolist(), [step[3] for step in run]))
+                window.extend(zip(excess.tolist(), [step[3] / plain for step in run]))
             start = end
+
+    def _plain_step(self, rows: int, bucket: int) -> float:
+        """The prior's plain step of ``rows`` rows at context half-octave ``bucket``, in one-row
+        steps: a window's steps are in these units, since its half-octave of row counts holds
+        plain steps that differ by more than a short draft costs (rows 8 to 11 as requests
+        drain, a step each), which a line through their seconds would take for the drafts'."""
+        plain = self._plain_steps.get((rows, bucket))
+        if plain is None:
+            if len(self._plain_steps) >= 1024:
+                self._plain_steps.clear()
+            plain = self._plain_steps[(rows, bucket)] = float(self.prior.cost(rows, self.context_of(bucket), rows))
+        return plain
 
     def step_windows(self) -> list[tuple[int, int]]:
         """Every window a step joined, as (row count's half-octave of 64 * rows, context's octave)."""
