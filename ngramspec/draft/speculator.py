@@ -62,8 +62,9 @@ class NgramSpeculator:
         return cls(verify_cost=cached_cost_curve(model, max_age_days), **settings)
 
     def start(self, prompt_ids, capacity: int = 0) -> SpeculationSession | compiling.PendingSession:
-        """Begin a request: index ``prompt_ids`` (1-D ints). ``capacity`` pre-sizes the index
-        for the expected total length (prompt + new tokens); it grows on demand anyway.
+        """Begin a request: index ``prompt_ids`` (1-D ints). ``capacity`` pre-sizes the index's
+        token stream for the expected total length (prompt + new tokens); it grows on demand
+        anyway, and its n-gram table grows with what the text stores.
         Call ``session.finish()`` at the end so the output joins the history (if enabled).
         While the kernels compile (a fresh install): a :class:`~ngramspec.draft.compiling.PendingSession`."""
 
