@@ -23,7 +23,7 @@ at once). Peak RSS per token of context and the step time: ``python -m eval draf
 Worked example, min_n=1, max_n=3, tokens ``[5 6 7 5 6]`` (positions 0..4)::
 
     stored (n-gram -> end positions):  (5)->0,3  (6)->1  (7)->2  (7 5)->3
-      (5 6), (6 7), (5 6 7), (6 7 5) are not: (5) was single until position 3, (6) and (7) are
+      (7 5) since (5) recurred; not (5 6), (6 7), (5 6 7): (6) and (7) occurred once
     query: suffix (6)? ends at 1, once: compare backwards, tokens[0] = 5 matches: (5 6) ends at
            1 too; tokens[-1] does not exist: stop.
            the longest, (5 6), ended at 1 -> continuation starts at 2: [7 5 6]
