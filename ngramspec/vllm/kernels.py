@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..draft.borrowed import borrowed
 from ..draft.sessions import ACTIVE, LENGTH, STAMP, VERIFIED, draft_row, row_buffers
 from ..draft.sizing import flattened_lengths
 from .rows import PROBES, draw_probes, spot_check
@@ -41,6 +42,15 @@ def propose_rows(token_ids, ends, sampled, expected, check, stamp, first, step_c
     each row i's draft starts in ``kept`` (OFFSETS, i = 0..R: row i's draft is ``kept[offsets[i]
     : offsets[i + 1]]``, empty for a row that does not decode); acceptance (A, K) and drafts
     (A, K), unsized; kept: the sized drafts one after another, in row order."""
+    # Views with no owner (module ngramspec.draft.borrowed): no atomic reference counts per row.
+    token_ids, ends, sampled, step_costs, row_slots = (borrowed(token_ids), borrowed(ends), borrowed(sampled),
+                                                       borrowed(step_costs), borrowed(row_slots))
+    state, evidence, pool, pending, branches = (borrowed(state), borrowed(evidence), borrowed(pool),
+                                                borrowed(pending), borrowed(branches))
+    edit_tokens, edit_sizes, edit_stamps = borrowed(edit_tokens), borrowed(edit_sizes), borrowed(edit_stamps)
+    history, history_slots, knob_values = borrowed(history), borrowed(history_slots), borrowed(knob_values)
+    settings, work, drafts, acceptance, kept = (borrowed(settings), borrowed(work), borrowed(drafts),
+                                                borrowed(acceptance), borrowed(kept))
     rows, slots, limits, lengths = work[ROWS], work[SLOTS], work[LIMITS], work[LENGTHS]
     payoff, max_draft, max_model_len = settings[0] != 0, settings[1], settings[2]
     # 1. Rows that decode this step.
