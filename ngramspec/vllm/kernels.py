@@ -8,7 +8,7 @@ import numpy as np
 from numba import njit
 
 from ..draft.borrowed import borrowed
-from ..draft.sessions import ACTIVE, LENGTH, STAMP, VERIFIED, draft_row, row_buffers
+from ..draft.sessions import ACTIVE, LENGTH, STAMP, VERIFIED, draft_row
 from ..draft.sizing import flattened_lengths
 from .rows import PROBES, draw_probes, spot_check
 
@@ -18,7 +18,7 @@ ROWS, SLOTS, LIMITS, LENGTHS, OFFSETS = range(5)  # rows of propose_rows' work a
 @njit(cache=True)
 def propose_rows(token_ids, ends, sampled, expected, check, stamp, first, step_costs, row_slots, indexes, state,
                  evidence, pool, pending, branches, edit_tokens, edit_sizes, edit_stamps, history, history_slots,
-                 history_length, knob_values, settings, work, drafts, acceptance, kept):
+                 history_length, knob_values, settings, work, drafts, acceptance, kept, buffers):
     """One engine step's drafting, all rows in one call. Returns (live, matched, continued,
     context, drafted): the decoding rows (``rows[:live]``), whether every one held its slot, how
     many of those slots ran in the step before, the rows' mean length, and how many rows, from
@@ -41,7 +41,8 @@ def propose_rows(token_ids, ends, sampled, expected, check, stamp, first, step_c
     work (5, >= R + 1) int64: the rows, their slots, limits and sized draft lengths, and where
     each row i's draft starts in ``kept`` (OFFSETS, i = 0..R: row i's draft is ``kept[offsets[i]
     : offsets[i + 1]]``, empty for a row that does not decode); acceptance (A, K) and drafts
-    (A, K), unsized; kept: the sized drafts one after another, in row order."""
+    (A, K), unsized; kept: the sized drafts one after another, in row order; buffers: the rows'
+    work arrays (:func:`ngramspec.draft.sessions.row_buffers`)."""
     # Views with no owner (module ngramspec.draft.borrowed): no atomic reference counts per row.
     token_ids, ends, sampled, step_costs, row_slots = (borrowed(token_ids), borrowed(ends), borrowed(sampled),
                                                        borrowed(step_costs), borrowed(row_slots))
@@ -67,7 +68,8 @@ def propose_rows(token_ids, ends, sampled, expected, check, stamp, first, step_c
     #    the caller matched), then it extends with its new tokens and drafts, unsized. A row
     #    reads its slot's (stream, table) once: ~50 ns a read.
     probes = np.empty(PROBES)  # each row's random probe positions (one buffer: an allocation per row costs)
-    buffers = row_buffers(drafts, edit_tokens, knob_values)
+    out, scratch, found, no_costs, no_parents = buffers
+    buffers = borrowed(out), borrowed(scratch), borrowed(found), borrowed(no_costs), borrowed(no_parents)
     continued = 0
     for r in range(live):
         i = rows[r]

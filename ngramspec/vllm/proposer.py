@@ -51,6 +51,7 @@ from ..cost.costmodel import OnlineCost
 from ..cost.fit import line_scale
 from ..draft import compiling
 from ..draft.compiling import entry_point
+from ..draft.sessions import row_buffers
 from ..draft.speculator import NgramSpeculator
 from .kernels import OFFSETS, ROWS, propose_rows
 from .rows import HEAD, RowSessions
@@ -228,7 +229,7 @@ class Proposer:
         if self._fixed[0] is not sessions.rows:  # rows matched in Python (a new array), or new buffers
             table = sessions.table
             self._fixed = (sessions.rows, *table.arrays(), *table.history_arrays(), table.knob_values,
-                           self._settings, self._work, self._drafts, self._acceptance, self._kept)
+                           self._settings, self._work, self._drafts, self._acceptance, self._kept, self._buffers)
         step_costs = self.cost.step_costs(expected, expected * self.max_draft, self._context, self.steps)
         stamp = sessions.steps + 1 if check else sessions.steps  # RowSessions.step has stamped the others
         args = (token_ids, ends, sampled, expected if self.usual_step or not check else -1, check, stamp, first,
@@ -252,3 +253,5 @@ class Proposer:
         self._drafts = np.zeros((rows, self.sessions.table.pending.shape[1]), dtype=np.int32)  # unsized
         self._acceptance = np.zeros(self._drafts.shape)  # each unsized draft position's estimate
         self._kept = np.zeros(rows * self._drafts.shape[1], dtype=np.int32)  # every sized draft, in row order
+        table = self.sessions.table  # each row's work arrays (sessions.row_buffers), passed in to be borrowed
+        self._buffers = row_buffers(self._drafts, table.edit_tokens, table.knob_values)
