@@ -4,8 +4,9 @@ Numba counts references to every array it holds with atomic operations, and it t
 reference to each array argument of every function it inlines (``inline="always"``), released
 where the body ends. Its pruning pass removes such pairs in small functions, not in a body as
 large as a vLLM step's row (:func:`~ngramspec.vllm.kernels.propose_rows`: spot checks, extend,
-candidates, draft): there every row took 56 references (counted), a third of the step's time.
-A view with no owner (no ``meminfo``) makes each of them a test of a null pointer.
+candidates, draft): there every row took 56 references (counted with a debugger), which
+``perf`` put at a third of the compiled step's time at 16 rows. A view with no owner (no
+``meminfo``) makes each of them a test of a null pointer: that step ran 17% faster.
 
 Safe only where the array outlives every use of the view: a compiled call's argument, held by
 its caller until the call returns, and never stored in a container that outlives the call.
