@@ -60,18 +60,20 @@ def slug(name: str) -> str:
     return re.sub(r"[^\w.-]+", "_", name)
 
 
-def build_items(sets: list[str], limit: int, model_dir: str, data_dir: str | None) -> list[dict]:
+def build_items(sets: list[str], limit: int, model_dir: str, data_dir: str | None,
+                prompt_tokens: tuple[int, int | None] = (0, None)) -> list[dict]:
+    """The items of every set (:func:`eval.bench.select_items`: the first ``limit`` of each
+    whose prompt has ``prompt_tokens`` (least, most) tokens), tokenised."""
     from transformers import AutoTokenizer
 
     import tasks
 
+    from .bench import select_items
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    items = []
-    for name in sets:
-        for item in tasks.load_items(name, data_dir, limit):
-            items.append({"id": item["id"], "set": name, "family": tasks.family_of(name),
-                          "prompt_ids": tasks.prompt_ids(tokenizer, item)})
-    return items
+    return [{"id": item["id"], "set": name, "family": tasks.family_of(name),
+             "prompt_ids": tasks.prompt_ids(tokenizer, item)}
+            for name, item in select_items(sets, limit, data_dir, tokenizer, *prompt_tokens)]
 
 
 def spec_counters(llm) -> dict:
@@ -214,6 +216,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--concurrency", type=ints, default="1,16", help="comma-separated request concurrencies")
     parser.add_argument("--per-family", action="store_true", help="time every family in its own run (slower)")
     parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--min-prompt-tokens", type=int, default=0,
+                        help="only items whose prompt has at least this many tokens (long documents)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=None,
+                        help="only items whose prompt has at most this many tokens")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every method this many times, the order rotated each round; times are medians")
     parser.add_argument("--prior-scale", type=float, default=None,
@@ -254,7 +260,7 @@ def main(args) -> int:
     from ngramspec.vllm import SETTINGS_ENV
 
     model = str(default_model_dir()) if args.model == "default" else args.model
-    items = build_items(args.tasks, args.limit, model, args.data_dir)
+    items = build_items(args.tasks, args.limit, model, args.data_dir, (args.min_prompt_tokens, args.max_prompt_tokens))
     out = Path(args.out) if args.out else Path(os.environ.get("TMPDIR", "/tmp")) / "ngramspec-vllm-bench"
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from ngramspec import NgramSpeculator
 from ngramspec.draft.config import DraftTuning
 from ngramspec.draft.history import History
+from ngramspec.draft.index import table_size
 from ngramspec.draft.session import SpeculationSession
-from ngramspec.draft.sessions import ACTIVE, CURSOR, LOST_AT, LOST_SOURCE, VERIFIED, SessionTable
+from ngramspec.draft.sessions import ACTIVE, CURSOR, LOST_AT, LOST_SOURCE, VERIFIED, SessionTable, slot_index
 
 from reference_session import ReferenceSession
 
@@ -204,3 +205,20 @@ def test_the_worked_example_from_the_docstring():
                                               np.array([5]), np.array([s]), np.array([4]))
     assert drafts[0, : lengths[0]].tolist() == [7, 5, 6, 7]
     assert acceptance[0, :4].tolist() == pytest.approx([2 / 3, 2 / 3, 0.8, 0.8])
+
+
+def test_a_new_slot_starts_with_a_table_for_its_prompt():
+    """A request's prompt arrives in its slot's first extend: the slot's n-gram table starts
+    with room for one n-gram a prompt token (the least text stores, ~1.05 on random ids), not
+    16 slots regrown several times on the way, and grows past that with what the text stores
+    (all of it still found). A released slot taken by a short prompt starts small again."""
+    table = SessionTable(NgramSpeculator(min_n=1, max_n=4).config)
+    s = table.new(600)
+    assert slot_index(table.indexes, s)[1].size == table_size(600) > 16
+    prompt = np.random.default_rng(0).integers(0, 49_152, size=600).astype(np.int32)
+    prompt[-3:] = prompt[100:103]  # the prompt ends in a 3-gram seen at 100: the draft copies from 103
+    drafts, lengths, _ = table.draft(prompt[None], np.array([0]), np.array([600]), np.array([s]), np.array([4]))
+    assert drafts[0, : lengths[0]].tolist() == prompt[103:107].tolist()
+    assert slot_index(table.indexes, s)[1].size > table_size(600)  # ~1.05 n-grams a token: grown once
+    table.release(s)
+    assert slot_index(table.indexes, table.new(8))[1].size == 16

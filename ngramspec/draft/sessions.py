@@ -39,7 +39,7 @@ from numba.typed import List
 from .acceptance import CONTESTED, HISTORY, OWN, fade, learn, match_length, new_evidence, position_acceptance
 from .candidates import candidates, continuation, found_rows
 from .edits import learn_edit, new_edits
-from .index import index_extend
+from .index import index_extend, table_size
 from .sizing import padded_lengths
 from .tree import add_branch, tree_budget
 
@@ -71,9 +71,8 @@ def read_knobs(v):
                  int(v[10]), int(v[11]), int(v[12]), v[13], v[14], v[15], v[16], v[17], v[18])
 
 
-# inline="always" (both kernels): vLLM's loop over rows (draft_row) takes their bodies rather
-# than a call passing ~20 arrays each, ~8-10% of a usual step at 16-64 rows; compiling the
-# proposer from a clean cache took 17.7 s against 17.2. A transformers process calls them alone.
+# inline="always" (both kernels): vLLM's row loop (draft_row) takes their bodies, not a call passing
+# ~20 arrays, ~8-10% of a usual step at 16-64 rows (compiling: 17.7 s against 17.2 from a clean cache).
 @njit(cache=True, inline="always")
 def extend_slot(s, new, stream, table, indexes, state, evidence, pool, pending, branches, edit_tokens, edit_sizes,
                 edit_stamps, knob_values):
@@ -316,13 +315,15 @@ class SessionTable:
     def new(self, prompt_length: int, capacity: int = 0) -> int:
         """An empty slot for a request whose first ``prompt_length`` tokens are its prompt (they
         arrive with the slot's first extend). ``capacity``: tokens its stream is sized for at
-        once (never copied below it), where it exceeds the prompt; its n-gram table grows with
-        what the text stores (:func:`~ngramspec.draft.index.index_extend`)."""
+        once (never copied below it), where it exceeds the prompt (else the first extend sizes it);
+        its n-gram table grows with what the text stores (:func:`~ngramspec.draft.index.index_extend`)."""
         if not self.free:
             self._grow(2 * self.state.shape[0])
         s = self.free.pop()
-        if capacity > max(prompt_length, 16):  # the stream only: the table grows with what it stores
-            _size_slot(self.indexes, s, capacity, 16)
+        if max(capacity, prompt_length) > 16:
+            # A table for one n-gram a prompt token (text stores 1.05-1.6), not regrown from 16 slots.
+            stream = capacity if capacity > max(prompt_length, 16) else 16
+            _size_slot(self.indexes, s, stream, table_size(prompt_length))
         self.state[s] = FRESH
         self.state[s, PROMPT] = prompt_length
         self.evidence[s] = 0.0
@@ -357,8 +358,7 @@ class SessionTable:
         acceptance (A, max_draft_tokens)). A slot's ``VERIFIED`` (how many of its draft the next
         step verifies) and ``ACTIVE`` (it ran in the step that just finished) are the caller's to set."""
         count = rows.shape[0]
-        drafts = np.zeros((count, self.pending.shape[1]), dtype=np.int32)
-        lengths = np.zeros(count, dtype=np.int64)
+        drafts, lengths = np.zeros((count, self.pending.shape[1]), dtype=np.int32), np.zeros(count, dtype=np.int64)
         acceptance = np.zeros(drafts.shape)
         draft_rows(np.ascontiguousarray(token_ids), rows.astype(np.int64), ends.astype(np.int64),
                    slots.astype(np.int64), np.minimum(limits, drafts.shape[1]).astype(np.int64), *self.arrays(),
