@@ -209,16 +209,22 @@ def test_the_worked_example_from_the_docstring():
 
 def test_a_new_slot_starts_with_a_table_for_its_prompt():
     """A request's prompt arrives in its slot's first extend: the slot's n-gram table starts
-    with room for one n-gram a prompt token (the least text stores, ~1.05 on random ids), not
-    16 slots regrown several times on the way, and grows past that with what the text stores
-    (all of it still found). A released slot taken by a short prompt starts small again."""
+    with room for 1.5 n-grams a prompt token (text stores 1.05-1.6), so that extend does not
+    regrow it from 16 slots (a random prompt, ~1.05 a token, fits as it is), and it grows past
+    that with what the text stores, all of it still found. A released slot taken by a short
+    prompt starts small again."""
     table = SessionTable(NgramSpeculator(min_n=1, max_n=4).config)
     s = table.new(600)
-    assert slot_index(table.indexes, s)[1].size == table_size(600) > 16
-    prompt = np.random.default_rng(0).integers(0, 49_152, size=600).astype(np.int32)
-    prompt[-3:] = prompt[100:103]  # the prompt ends in a 3-gram seen at 100: the draft copies from 103
-    drafts, lengths, _ = table.draft(prompt[None], np.array([0]), np.array([600]), np.array([s]), np.array([4]))
-    assert drafts[0, : lengths[0]].tolist() == prompt[103:107].tolist()
-    assert slot_index(table.indexes, s)[1].size > table_size(600)  # ~1.05 n-grams a token: grown once
+    sized = slot_index(table.indexes, s)[1]
+    assert sized.size == table_size(900)
+    text = np.random.default_rng(0).integers(0, 49_152, size=1_800).astype(np.int32)
+    text[597:600] = text[100:103]  # the prompt ends in a 3-gram seen at 100: the draft copies from 103
+    text[-3:] = text[700:703]  # so does the longer text, from 703
+    for end, start in ((600, 103), (1_800, 703)):
+        drafts, lengths, _ = table.draft(text[None], np.array([0]), np.array([end]), np.array([s]), np.array([4]))
+        assert drafts[0, : lengths[0]].tolist() == text[start : start + 4].tolist()
+        grown = slot_index(table.indexes, s)[1]
+        same = (grown.ctypes.data, grown.size) == (sized.ctypes.data, sized.size)
+        assert same == (end == 600)  # the prompt fits; three times its length does not
     table.release(s)
     assert slot_index(table.indexes, table.new(8))[1].size == 16

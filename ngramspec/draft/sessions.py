@@ -321,9 +321,9 @@ class SessionTable:
             self._grow(2 * self.state.shape[0])
         s = self.free.pop()
         if max(capacity, prompt_length) > 16:
-            # A table for one n-gram a prompt token (text stores 1.05-1.6), not regrown from 16 slots.
+            # Room for 1.5 n-grams a prompt token (text stores 1.05-1.6): not regrown from 16 slots.
             stream = capacity if capacity > max(prompt_length, 16) else 16
-            _size_slot(self.indexes, s, stream, table_size(prompt_length))
+            _size_slot(self.indexes, s, stream, table_size(3 * prompt_length // 2))
         self.state[s] = FRESH
         self.state[s, PROMPT] = prompt_length
         self.evidence[s] = 0.0
