@@ -6,6 +6,8 @@ NGRAMSPEC_SETTINGS).
     .venv-vllm/bin/python -m eval vllm-bench --limit 5 --concurrency 1,16 --out eval/results/vllm_bench
     .venv-vllm/bin/python -m eval vllm-bench --limit 2 --concurrency 16 --rounds 3 --prior-scale 2 \
         --methods greedy,ngram,suffix,ngramspec --max-new-tokens 96 --out eval/results/vllm_rounds
+    .venv-vllm/bin/python -m eval vllm-bench --tasks qmsum_specific,spec_bench_cnndm,xsum --limit 3 \
+        --min-prompt-tokens 1500 --max-prompt-tokens 4000 --concurrency 1 --rounds 3   # long documents
 
 Same items, prompts and greedy settings for every method; each method runs in its own process
 (one engine each, after an untimed warm-up request). Concurrency 1 sends requests one at a time;

@@ -547,6 +547,22 @@ def test_drafter_and_oracle_settings_use_the_shared_parser(tmp_path):
     assert results["oracle:k=1"]["overall"]["mat"] < results["oracle"]["overall"]["mat"]
 
 
+@needs_data
+def test_vllm_bench_takes_items_by_prompt_length(tiny_model_dir):
+    """--min/--max-prompt-tokens choose vllm-bench's items as bench chooses its long-prompt sets:
+    the first ``limit`` of each set within the bounds (only quixbugs reaches 400 tokens here)."""
+    from eval.vllm_bench import build_items
+
+    items = build_items(["quixbugs", "jfleg"], 2, str(tiny_model_dir), None, (400, None))
+    assert [(i["set"], len(i["prompt_ids"]) >= 400) for i in items] == [("quixbugs", True)] * 2
+    assert items[0]["family"] == "code_editing"
+    first = build_items(["quixbugs"], 8, str(tiny_model_dir), None)  # no bounds: the set's first 8
+    bound = sorted(len(i["prompt_ids"]) for i in first)[4]  # about half of them are longer
+    short = build_items(["quixbugs"], 3, str(tiny_model_dir), None, (0, bound))
+    assert [i["id"] for i in short] == [i["id"] for i in first if len(i["prompt_ids"]) <= bound][:3]
+    assert [i["id"] for i in short] != [i["id"] for i in first[:3]]  # the bound left some out
+
+
 def test_vllm_bench_pairs_each_round_with_that_rounds_plain_run():
     """A machine that slows down between rounds moves the medians of tok/s; the paired ratio
     (each round's tok/s over that round's no-speculation tok/s, then the median) does not."""

@@ -17,8 +17,9 @@ suffixes from the shortest up and stops at the first absent or single one: O(max
 Memory: one 8-byte slot per stored n-gram at up to 70% load, plus 4 bytes per token. Text
 stores ~1.05 n-grams per token where it never repeats (random tokens), 1.3-1.6 on the shared
 documents with min_n=1, max_n=6 (it was max_n - min_n + 1 = 6 before promotions): 18-21 bytes
-per token of random text, ~30 at peak while the table grows (the old array and the 1.5x new one
-at once). Peak RSS per token of context and the step time: ``python -m eval drafter --memory``.
+per token of random text, 25-40 at peak (a session's table starts sized for its prompt; a growth
+holds the old array and the new one at once). Peak RSS per token and step time: ``python -m eval
+drafter --memory``.
 
 Worked example, min_n=1, max_n=3, tokens ``[5 6 7 5 6]`` (positions 0..4)::
 
