@@ -315,8 +315,8 @@ class SessionTable:
     def new(self, prompt_length: int, capacity: int = 0) -> int:
         """An empty slot for a request whose first ``prompt_length`` tokens are its prompt (they
         arrive with the slot's first extend). ``capacity``: tokens its stream is sized for at
-        once (never copied below it), where it exceeds the prompt (else the first extend sizes it);
-        its n-gram table grows with what the text stores (:func:`~ngramspec.draft.index.index_extend`)."""
+        once (never copied below it), where it exceeds the prompt (else the first extend sizes it); its
+        n-gram table starts with room for the prompt, then grows with what the text stores (index_extend)."""
         if not self.free:
             self._grow(2 * self.state.shape[0])
         s = self.free.pop()
