@@ -122,7 +122,11 @@ def select_items(names, limit, data_dir, tokenizer, min_prompt_tokens=0, max_pro
     """The first ``limit`` items of each set whose prompt has ``min_prompt_tokens`` to
     ``max_prompt_tokens`` tokens (a long-prompt set: e.g. 1,000 to 8,000), in file order within
     a set and round-robin over the sets (each set's first, then each set's second...), so a run
-    cut short by its time budget still covers every set; the first ``total`` of them."""
+    cut short by its time budget still covers every set; the first ``total`` of them. A
+    ValueError where the bounds are out of order or no item of any set falls within them."""
+    if min_prompt_tokens < 0 or (max_prompt_tokens is not None and max_prompt_tokens < min_prompt_tokens):
+        raise ValueError(f"prompt-token bounds must satisfy 0 <= min <= max, got {min_prompt_tokens} and "
+                         f"{max_prompt_tokens}")
     per_set = []
     for name in names:
         chosen, found = [], 0
@@ -135,6 +139,10 @@ def select_items(names, limit, data_dir, tokenizer, min_prompt_tokens=0, max_pro
                 found += 1
                 if limit is not None and found == limit:
                     break
+    if not any(per_set):
+        bounds = f"at least {min_prompt_tokens}" if max_prompt_tokens is None else \
+            f"{min_prompt_tokens} to {max_prompt_tokens}"
+        raise ValueError(f"no item of {', '.join(names)} has a prompt of {bounds} tokens")
     return [pair for rank in itertools.zip_longest(*per_set) for pair in rank if pair is not None][:total]
 
 

@@ -561,6 +561,11 @@ def test_vllm_bench_takes_items_by_prompt_length(tiny_model_dir):
     short = build_items(["quixbugs"], 3, str(tiny_model_dir), None, (0, bound))
     assert [i["id"] for i in short] == [i["id"] for i in first if len(i["prompt_ids"]) <= bound][:3]
     assert [i["id"] for i in short] != [i["id"] for i in first[:3]]  # the bound left some out
+    # Bounds that choose nothing say so (before any engine starts), as do bounds out of order.
+    with pytest.raises(ValueError, match="no item of quixbugs, jfleg has a prompt of at least 90000 tokens"):
+        build_items(["quixbugs", "jfleg"], 2, str(tiny_model_dir), None, (90_000, None))
+    with pytest.raises(ValueError, match="0 <= min <= max, got 500 and 100"):
+        build_items(["quixbugs"], 2, str(tiny_model_dir), None, (500, 100))
 
 
 def test_vllm_bench_pairs_each_round_with_that_rounds_plain_run():
